@@ -1,0 +1,1 @@
+"""The memory projection: the current eligible version of each memory, with its history."""

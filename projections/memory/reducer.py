@@ -1,0 +1,236 @@
+"""The memory reducer: (event, current record) -> decision. Pure: no I/O, no clock.
+
+Every time it needs comes from the events themselves, so replaying the same log always gives
+the same projection. ``reduce_batch`` folds a batch over the records it touches and applies
+the contract's idempotency rule (an ``event_id`` is applied once; reused with another body, it
+is refused as ``duplicate_mismatch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import singledispatch
+
+from projections.idempotency import EventKey, IdempotencyCheck, ProcessedEvent, Seen
+from topics.memory import (
+    MemoryCorrected,
+    MemoryEvent,
+    MemoryProposed,
+    MemoryRevoked,
+    MemoryVerified,
+)
+from topics.outputs import MemoryRecord, Rejection, RejectionReason
+
+MemoryKey = tuple[str, str]  # (tenant_id, memory_id)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryVersion:
+    """One row of a memory's history: the record as this event left it."""
+
+    record: MemoryRecord
+    event_id: str
+    event_type: str
+    actor_type: str
+    actor_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    version: MemoryVersion
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    rejection: Rejection
+
+
+Decision = Applied | Refused
+
+
+def _refuse(event: MemoryEvent, reason: RejectionReason, details: str) -> Refused:
+    return Refused(
+        Rejection(
+            event_id=event.event_id,
+            reason=reason,
+            details=details,
+            tenant_id=event.tenant_id,
+            entity_id=event.entity_id,
+            event_type=event.event_type,
+            occurred_at=event.occurred_at,
+        )
+    )
+
+
+def _applied(event: MemoryEvent, record: MemoryRecord) -> Applied:
+    return Applied(
+        MemoryVersion(
+            record=record,
+            event_id=event.event_id,
+            event_type=event.event_type,
+            actor_type=event.actor.type,
+            actor_id=event.actor.id,
+        )
+    )
+
+
+def _check_existing(
+    event: MemoryEvent, current: MemoryRecord | None, expected_version: int | None
+) -> Refused | MemoryRecord:
+    if current is None:
+        return _refuse(event, RejectionReason.UNKNOWN_MEMORY, "no such memory")
+    if current.status == "revoked":
+        return _refuse(
+            event, RejectionReason.REVOKED, f"memory was revoked: {current.revoked_reason}"
+        )
+    if expected_version is not None and expected_version != current.version:
+        return _refuse(
+            event,
+            RejectionReason.VERSION_CONFLICT,
+            f"expected_version {expected_version}, current version {current.version}",
+        )
+    return current
+
+
+def _next_version(event: MemoryEvent, current: MemoryRecord, **changes: object) -> MemoryRecord:
+    return current.model_copy(
+        update={
+            "version": current.version + 1,
+            "updated_at": event.occurred_at,
+            "last_event_id": event.event_id,
+            **changes,
+        }
+    )
+
+
+@singledispatch
+def evolve(event: MemoryEvent, current: MemoryRecord | None) -> Decision:
+    raise TypeError(f"no reducer for {type(event).__name__}")
+
+
+@evolve.register
+def _proposed(event: MemoryProposed, current: MemoryRecord | None) -> Decision:
+    if current is not None:
+        return _refuse(
+            event,
+            RejectionReason.VERSION_CONFLICT,
+            f"memory already exists at version {current.version}",
+        )
+    payload = event.payload
+    record = MemoryRecord(
+        tenant_id=event.tenant_id,
+        memory_id=payload.memory_id,
+        subject=payload.subject,
+        scope=payload.scope,
+        kind=payload.kind,
+        value=payload.value,
+        source=payload.source,
+        status="proposed",
+        version=1,
+        observed_at=payload.observed_at,
+        expires_at=payload.expires_at,
+        evidence_event_ids=payload.evidence_event_ids,
+        created_at=event.occurred_at,
+        updated_at=event.occurred_at,
+        last_event_id=event.event_id,
+    )
+    return _applied(event, record)
+
+
+@evolve.register
+def _verified(event: MemoryVerified, current: MemoryRecord | None) -> Decision:
+    checked = _check_existing(event, current, event.payload.expected_version)
+    if isinstance(checked, Refused):
+        return checked
+    return _applied(
+        event,
+        _next_version(
+            event,
+            checked,
+            status="verified",
+            verification=event.payload.verification or checked.verification,
+        ),
+    )
+
+
+@evolve.register
+def _corrected(event: MemoryCorrected, current: MemoryRecord | None) -> Decision:
+    checked = _check_existing(event, current, event.payload.expected_version)
+    if isinstance(checked, Refused):
+        return checked
+    payload = event.payload
+    # A new value needs its own evidence: it is verified only if the correction says how.
+    return _applied(
+        event,
+        _next_version(
+            event,
+            checked,
+            value=payload.value,
+            source=payload.source,
+            observed_at=payload.observed_at,
+            expires_at=payload.expires_at,
+            verification=payload.verification,
+            status="verified" if payload.verification else "proposed",
+        ),
+    )
+
+
+@evolve.register
+def _revoked(event: MemoryRevoked, current: MemoryRecord | None) -> Decision:
+    checked = _check_existing(event, current, event.payload.expected_version)
+    if isinstance(checked, Refused):
+        return checked
+    return _applied(
+        event, _next_version(event, checked, status="revoked", revoked_reason=event.payload.reason)
+    )
+
+
+@dataclass(slots=True)
+class BatchResult:
+    records: dict[MemoryKey, MemoryRecord] = field(default_factory=dict)
+    versions: list[MemoryVersion] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    processed: list[ProcessedEvent] = field(default_factory=list)
+    # Events already decided (same event_id, same body): redeliveries, counted and skipped.
+    redelivered: int = 0
+
+    def applied_event_types(self) -> list[str]:
+        return [version.event_type for version in self.versions]
+
+
+def reduce_batch(
+    events: Iterable[MemoryEvent],
+    records: Mapping[MemoryKey, MemoryRecord],
+    seen: Mapping[EventKey, bytes],
+) -> BatchResult:
+    """Fold ``events`` in order over ``records``; ``seen`` maps processed event ids to hashes.
+
+    Only the records the batch changed are returned; the inputs are not modified.
+    """
+    result = BatchResult()
+    idempotency = IdempotencyCheck(seen)
+    for event in events:
+        seen_before = idempotency.check(event)
+        if seen_before is Seen.REDELIVERED:
+            continue
+        if seen_before is Seen.MISMATCH:
+            result.rejections.append(
+                _refuse(
+                    event,
+                    RejectionReason.DUPLICATE_MISMATCH,
+                    "event_id was seen before with a different body",
+                ).rejection
+            )
+            continue
+        memory_key = (event.tenant_id, event.memory_id)
+        current = result.records.get(memory_key) or records.get(memory_key)
+        decision = evolve(event, current)
+        if isinstance(decision, Refused):
+            result.rejections.append(decision.rejection)
+        else:
+            result.records[memory_key] = decision.version.record
+            result.versions.append(decision.version)
+    result.processed = idempotency.processed
+    result.redelivered = idempotency.redelivered
+    return result

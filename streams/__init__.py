@@ -1,0 +1,1 @@
+"""Stream processing: the Faust app factory, agents, worker services and the ``memproj`` CLI."""

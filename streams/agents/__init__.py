@@ -1,0 +1,1 @@
+"""Faust agents: thin loops that hand batches of messages to a runner and acknowledge them."""

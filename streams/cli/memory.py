@@ -1,0 +1,153 @@
+"""Reading the memory projection: recall and provenance."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from projections.memory import store
+from projections.memory.store import RecallQuery
+from streams.cli.common import echo_json, settings_of, with_connection
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "": "days"}
+
+
+def parse_duration(text: str) -> timedelta:
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise click.BadParameter(f"{text!r}: use a number of days or e.g. 90m, 12h, 30d")
+    amount, unit = match.groups()
+    return timedelta(**{_UNITS[unit]: float(amount)})
+
+
+def parse_subject(text: str) -> tuple[str, str]:
+    subject_type, sep, subject_id = text.partition(":")
+    if not sep or not subject_type or not subject_id:
+        raise click.BadParameter(f"{text!r}: expected TYPE:ID, e.g. user:u_123")
+    return subject_type, subject_id
+
+
+@click.command()
+@click.option("--tenant", required=True)
+@click.option("--subject", required=True, help="TYPE:ID of the subject, e.g. user:u_123")
+@click.option("--scope")
+@click.option("--kind")
+@click.option(
+    "--status", default="verified,proposed", show_default=True, help="comma-separated statuses"
+)
+@click.option("--max-age", help="only memories observed within this age (30d, 12h, 90m)")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def recall(
+    ctx: click.Context,
+    tenant: str,
+    subject: str,
+    scope: str | None,
+    kind: str | None,
+    status: str,
+    max_age: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Eligible memories about a subject: never revoked, superseded, expired or another
+    tenant's."""
+    subject_type, subject_id = parse_subject(subject)
+    statuses = tuple(s.strip() for s in status.split(",") if s.strip())
+    unknown = set(statuses) - {"verified", "proposed"}
+    if unknown:
+        raise click.BadParameter(f"recall returns verified or proposed memories, not {unknown}")
+    query = RecallQuery(
+        tenant_id=tenant,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        scope=scope,
+        kind=kind,
+        statuses=statuses,  # type: ignore[arg-type]
+        max_age=parse_duration(max_age) if max_age else None,
+        limit=limit,
+    )
+    now = datetime.now(UTC)
+    records = with_connection(settings_of(ctx), lambda conn: store.recall(conn, query, now))
+    if as_json:
+        echo_json([record.model_dump(mode="json") for record in records])
+        return
+    if not records:
+        click.echo("no eligible memories")
+    for record in records:
+        click.echo(
+            f"{record.memory_id:16} v{record.version} {record.status:9} {record.kind:12} "
+            f"{record.value}"
+        )
+
+
+@click.group()
+def memory() -> None:
+    """One memory and its provenance."""
+
+
+@memory.command("show")
+@click.option("--tenant", required=True)
+@click.option("--memory-id", required=True)
+@click.option("--history", is_flag=True, help="include every version, oldest first")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def memory_show(
+    ctx: click.Context, tenant: str, memory_id: str, history: bool, as_json: bool
+) -> None:
+    """Where did this memory come from: source, observation, verification, every version."""
+
+    async def load(conn: Any) -> dict[str, Any] | None:
+        record = await store.load_memory(conn, tenant, memory_id)
+        if record is None:
+            return None
+        shown: dict[str, Any] = {"current": record.model_dump(mode="json")}
+        shown["eligible"] = record.is_eligible(datetime.now(UTC))
+        if history:
+            shown["history"] = [
+                {
+                    "version": entry.record.version,
+                    "status": entry.record.status,
+                    "value": entry.record.value,
+                    "source": entry.record.source.model_dump(),
+                    "observed_at": entry.record.observed_at.isoformat(),
+                    "verification": entry.record.verification,
+                    "expires_at": entry.record.expires_at.isoformat()
+                    if entry.record.expires_at
+                    else None,
+                    "event_id": entry.event_id,
+                    "event_type": entry.event_type,
+                    "occurred_at": entry.occurred_at.isoformat(),
+                    "actor": {"type": entry.actor_type, "id": entry.actor_id},
+                    "superseded_at": entry.superseded_at.isoformat()
+                    if entry.superseded_at
+                    else None,
+                }
+                for entry in await store.load_history(conn, tenant, memory_id)
+            ]
+        return shown
+
+    shown = with_connection(settings_of(ctx), load)
+    if shown is None:
+        raise click.ClickException(f"no memory {memory_id!r} for tenant {tenant!r}")
+    if as_json:
+        echo_json(shown)
+        return
+    current = shown["current"]
+    click.echo(
+        f"{memory_id} v{current['version']} {current['status']} "
+        f"(eligible: {shown['eligible']})\n  value: {current['value']}\n"
+        f"  source: {current['source']['type']} {current['source']['ref']}, "
+        f"observed {current['observed_at']}, verification {current['verification']}"
+    )
+    for entry in shown.get("history", []):
+        click.echo(
+            f"  v{entry['version']} {entry['event_type']:17} {entry['occurred_at']} "
+            f"{entry['status']:9} {entry['source']['type']}:{entry['source']['ref']} "
+            f"{entry['value']}"
+            + (f" superseded {entry['superseded_at']}" if entry["superseded_at"] else "")
+        )

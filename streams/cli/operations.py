@@ -1,0 +1,78 @@
+"""Operating memproj: topics, schema migrations and workers."""
+
+from __future__ import annotations
+
+import click
+
+from projections.migrate import migrate
+from streams.cli.common import echo_json, settings_of, with_connection
+from streams.kafka import create_topics
+from streams.worker import WORKER_KINDS, build_worker
+from topics.registry import ALL_TOPICS
+
+
+@click.group()
+def topics() -> None:
+    """The contract's topics."""
+
+
+@topics.command("create")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+@click.pass_context
+def topics_create(ctx: click.Context, as_json: bool) -> None:
+    """Create every topic of the registry that does not exist yet (idempotent)."""
+    settings = settings_of(ctx)
+    results = create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    if as_json:
+        echo_json([{"topic": r.name, "created": r.created} for r in results])
+        return
+    for result in results:
+        click.echo(f"{result.detail:8} {result.name}")
+
+
+@topics.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def topics_list(ctx: click.Context, as_json: bool) -> None:
+    """Show the registry: name, key, partitions, cleanup policy and retention."""
+    names = settings_of(ctx).topics
+    rows = [
+        {
+            "topic": names.name(spec),
+            "key": spec.key,
+            "role": spec.role.value,
+            "partitions": spec.partitions,
+            "cleanup.policy": spec.cleanup_policy.value,
+            "retention.ms": spec.retention_ms,
+        }
+        for spec in ALL_TOPICS
+    ]
+    if as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        click.echo(
+            f"{row['topic']:28} {row['key']:28} p={row['partitions']} "
+            f"{row['cleanup.policy']:8} retention={row['retention.ms']}"
+        )
+
+
+@click.group()
+def db() -> None:
+    """The PostgreSQL schema."""
+
+
+@db.command("migrate")
+@click.pass_context
+def db_migrate(ctx: click.Context) -> None:
+    """Apply pending migrations (workers also do this when they start)."""
+    applied = with_connection(settings_of(ctx), migrate)
+    click.echo("applied: " + (", ".join(applied) if applied else "nothing, schema is current"))
+
+
+@click.command()
+@click.argument("kind", type=click.Choice(sorted(WORKER_KINDS)))
+@click.pass_context
+def worker(ctx: click.Context, kind: str) -> None:
+    """Run a streaming worker (one consumer group per KIND) until stopped."""
+    build_worker(settings_of(ctx), kind).execute_from_commandline()

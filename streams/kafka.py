@@ -1,0 +1,114 @@
+"""confluent-kafka adapters: topic administration and a publisher that confirms delivery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from projections.bookkeeping import OutboxMessage
+from topics.registry import TopicNames, TopicSpec
+
+
+class PublishFailed(RuntimeError):
+    pass
+
+
+def producer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
+    config: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        # Idempotence keeps per-partition order and drops broker-side duplicates on retry.
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+    }
+    config.update(overrides)
+    return config
+
+
+class KafkaPublisher:
+    """Publishes a batch and returns only once the broker has every message."""
+
+    def __init__(self, bootstrap: str, **overrides: object) -> None:
+        self._producer = Producer(producer_config(bootstrap, **overrides))
+
+    def publish_sync(self, messages: Sequence[OutboxMessage], timeout: float = 30.0) -> None:
+        errors: list[KafkaError] = []
+
+        def on_delivery(error: KafkaError | None, _message: object) -> None:
+            if error is not None:
+                errors.append(error)
+
+        for message in messages:
+            while True:
+                try:
+                    self._producer.produce(
+                        message.topic, message.value, message.key, on_delivery=on_delivery
+                    )
+                    break
+                except BufferError:
+                    # The local queue is full: let deliveries drain it, then go on.
+                    self._producer.poll(0.1)
+        remaining = self._producer.flush(timeout)
+        if remaining:
+            raise PublishFailed(f"{remaining} messages not delivered within {timeout}s")
+        if errors:
+            raise PublishFailed(f"{len(errors)} messages failed: {errors[0]}")
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        if messages:
+            await asyncio.to_thread(self.publish_sync, messages)
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCreation:
+    name: str
+    created: bool
+    detail: str
+
+
+def create_topics(
+    bootstrap: str, names: TopicNames, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> list[TopicCreation]:
+    """Create every topic that does not exist yet; existing topics are left as they are."""
+    specs = list(specs)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    wanted = [spec for spec in specs if names.name(spec) not in existing]
+    results = [
+        TopicCreation(names.name(spec), False, "exists")
+        for spec in specs
+        if names.name(spec) in existing
+    ]
+    if not wanted:
+        return results
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                names.name(spec),
+                num_partitions=spec.partitions,
+                replication_factor=-1,  # the broker's default: 1 on the local stack
+                config=spec.config(),
+            )
+            for spec in wanted
+        ],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    for name, future in futures.items():
+        try:
+            future.result()
+            results.append(TopicCreation(name, True, "created"))
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+            results.append(TopicCreation(name, False, "exists"))
+    return sorted(results, key=lambda result: result.name)

@@ -1,0 +1,290 @@
+"""Applies one batch of input messages to a projection, exactly once in effect.
+
+The order of a batch, and why:
+
+1. In one PostgreSQL transaction: skip messages at or below the tracked offset (a
+   redelivery), decode the rest (invalid ones become dead letters), reduce, write the
+   projection, the processed event ids, the rejections, the outbox (every message to publish)
+   and the new tracking offsets.
+2. Publish the outbox to Kafka and wait until the broker has every message (flush the sink).
+3. Delete the published outbox rows.
+4. Only then does the caller acknowledge the input offsets to Kafka (commit offsets).
+
+A crash anywhere leaves either nothing (1 rolled back: the messages are redelivered and
+applied) or a committed batch whose messages are redelivered and skipped by the tracking
+offsets, while its outbox rows are republished by ``drain_outbox`` at the next start.
+Transient failures (database, broker) retry the whole batch with backoff; a batch is never
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Generic, Protocol, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from projections import bookkeeping
+from projections.bookkeeping import Conn, OutboxMessage, RejectionRow
+from projections.idempotency import EventKey, ProcessedEvent
+from streams.kafka import KafkaPublisher, PublishFailed
+from streams.metrics import Metrics
+from topics.codec import EventCodec, InvalidMessage, encode
+from topics.envelope import Envelope
+from topics.outputs import DeadLetter, Rejection
+from topics.registry import DLQ_SUFFIX, TopicNames, TopicSpec, entity_key
+
+log = logging.getLogger(__name__)
+
+EventT = TypeVar("EventT", bound=Envelope)
+EventContra = TypeVar("EventContra", bound=Envelope, contravariant=True)
+StateT = TypeVar("StateT")
+OutcomeT = TypeVar("OutcomeT", bound="Outcome")
+
+
+@dataclass(frozen=True, slots=True)
+class InputMessage:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class Outcome(Protocol):
+    """What every reducer's batch result exposes to the runner."""
+
+    @property
+    def processed(self) -> list[ProcessedEvent]: ...
+
+    @property
+    def rejections(self) -> list[Rejection]: ...
+
+    @property
+    def redelivered(self) -> int: ...
+
+    def applied_event_types(self) -> list[str]: ...
+
+
+class Projection(Protocol[EventContra, StateT, OutcomeT]):
+    """The projection-specific half of a worker: state loading, the pure reducer, persistence
+    and the messages the new state publishes."""
+
+    name: str
+    input_spec: TopicSpec
+    rejections_spec: TopicSpec
+    codec: EventCodec
+
+    async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
+
+    def reduce(
+        self, events: Sequence[EventContra], state: StateT, seen: dict[EventKey, bytes]
+    ) -> OutcomeT: ...
+
+    async def save(self, conn: Conn, outcome: OutcomeT) -> None: ...
+
+    def outputs(self, outcome: OutcomeT) -> list[OutboxMessage]: ...
+
+    def rejection_subject(
+        self, rejection: Rejection, state: StateT, events: Sequence[EventContra]
+    ) -> tuple[str, str] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    messages: int
+    skipped_offsets: int
+    dead_letters: int
+    applied: int
+    rejected: int
+    redelivered_events: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    report: BatchReport
+    outbox_ids: list[int]
+    outbox: list[OutboxMessage]
+    applied_event_types: list[str]
+    newest_occurred_at: datetime | None
+
+
+RETRYABLE = (psycopg.OperationalError, bookkeeping.ConcurrentClaim, PublishFailed)
+
+
+class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
+    def __init__(
+        self,
+        projection: Projection[EventT, StateT, OutcomeT],
+        pool: AsyncConnectionPool[Conn],
+        publisher: KafkaPublisher,
+        topics: TopicNames,
+        metrics: Metrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_backoff_seconds: float = 30.0,
+    ) -> None:
+        self.projection = projection
+        self._pool = pool
+        self._publisher = publisher
+        self._topics = topics
+        self._metrics = metrics
+        self._clock = clock
+        self._max_backoff = max_backoff_seconds
+
+    async def apply(self, messages: Sequence[InputMessage]) -> BatchReport:
+        """Apply a batch; returns when it is committed and its outputs are published.
+
+        Transient failures are retried until they pass: a stuck database stalls the
+        projection (visible as lag and staleness) rather than losing a message.
+        """
+        started = time.perf_counter()
+        attempt = 0
+        committed: _Committed | None = None
+        while True:
+            try:
+                # Once committed, a retry only republishes: the batch is in the database.
+                if committed is None:
+                    committed = await self._commit(messages)
+                await self._publisher.publish(committed.outbox)
+                async with self._pool.connection() as conn:
+                    await bookkeeping.remove_from_outbox(conn, committed.outbox_ids)
+                break
+            except RETRYABLE as exc:
+                attempt += 1
+                delay = min(self._max_backoff, 0.1 * 2**attempt)
+                self._metrics.retried(self.projection.name, type(exc).__name__)
+                log.warning(
+                    "%s: batch failed (%s), retry %d in %.1fs",
+                    self.projection.name,
+                    exc,
+                    attempt,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        self._metrics.batch_applied(
+            self.projection.name,
+            committed.applied_event_types,
+            committed.newest_occurred_at,
+            time.perf_counter() - started,
+        )
+        return committed.report
+
+    async def _commit(self, messages: Sequence[InputMessage]) -> _Committed:
+        projection = self.projection
+        async with self._pool.connection() as conn, conn.transaction():
+            tracked = await bookkeeping.load_offsets(conn, projection.name)
+            fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
+            events, positions, dead = self._decode(fresh)
+            seen = await bookkeeping.load_seen(
+                conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
+            )
+            state = await projection.load(conn, events)
+            outcome = projection.reduce(events, state, seen)
+            await bookkeeping.claim_processed(conn, projection.name, outcome.processed)
+            await projection.save(conn, outcome)
+            rejection_rows = [
+                RejectionRow(
+                    rejection,
+                    projection.rejection_subject(rejection, state, events),
+                    *positions[(rejection.tenant_id, rejection.event_id)],
+                )
+                for rejection in outcome.rejections
+            ]
+            await bookkeeping.record_rejections(conn, projection.name, rejection_rows)
+            outbox = [
+                *projection.outputs(outcome),
+                *(self._rejection_message(r) for r in outcome.rejections),
+                *dead,
+            ]
+            outbox_ids = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
+            await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
+        applied_event_types = outcome.applied_event_types()
+        for rejection in outcome.rejections:
+            self._metrics.rejected(rejection.reason.value)
+        skipped = len(messages) - len(fresh)
+        self._metrics.redelivered(projection.name, "offset", skipped)
+        self._metrics.redelivered(projection.name, "event_id", outcome.redelivered)
+        report = BatchReport(
+            messages=len(messages),
+            skipped_offsets=skipped,
+            dead_letters=len(dead),
+            applied=len(applied_event_types),
+            rejected=len(outcome.rejections),
+            redelivered_events=outcome.redelivered,
+        )
+        return _Committed(
+            report,
+            outbox_ids,
+            outbox,
+            applied_event_types,
+            max((e.occurred_at for e in events), default=None),
+        )
+
+    def _decode(
+        self, messages: Iterable[InputMessage]
+    ) -> tuple[list[EventT], dict[EventKey, tuple[str, int, int]], list[OutboxMessage]]:
+        events: list[EventT] = []
+        positions: dict[EventKey, tuple[str, int, int]] = {}
+        dead: list[OutboxMessage] = []
+        codec = self.projection.codec
+        for message in messages:
+            try:
+                event = codec.decode(message.key, message.value)
+            except InvalidMessage as invalid:
+                dead.append(self._dead_letter(message, invalid))
+                continue
+            events.append(event)  # type: ignore[arg-type]
+            positions.setdefault(
+                (event.tenant_id, event.event_id),
+                (message.topic, message.partition, message.offset),
+            )
+        return events, positions, dead
+
+    def _dead_letter(self, message: InputMessage, invalid: InvalidMessage) -> OutboxMessage:
+        self._metrics.dead_lettered(message.topic, invalid.code.value)
+        record = DeadLetter(
+            original=base64.b64encode(message.value or b"").decode(),
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            error=invalid.detail,
+            error_code=invalid.code,
+            key=message.key.decode(errors="replace") if message.key is not None else None,
+            failed_at=self._clock(),
+        )
+        return OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(record))
+
+    def _rejection_message(self, rejection: Rejection) -> OutboxMessage:
+        return OutboxMessage(
+            self._topics.name(self.projection.rejections_spec),
+            entity_key(rejection.tenant_id, rejection.entity_id).encode(),
+            encode(rejection),
+        )
+
+    async def drain_outbox(self) -> int:
+        """Publish what a previous run committed but did not get to publish."""
+        drained = 0
+        while True:
+            async with self._pool.connection() as conn:
+                pending = await bookkeeping.pending_outbox(conn, self.projection.name)
+            if not pending:
+                return drained
+            await self._publisher.publish([message for _, message in pending])
+            async with self._pool.connection() as conn:
+                await bookkeeping.remove_from_outbox(conn, [outbox_id for outbox_id, _ in pending])
+            drained += len(pending)
+
+
+def _next_offsets(messages: Iterable[InputMessage]) -> dict[tuple[str, int], int]:
+    next_offsets: dict[tuple[str, int], int] = {}
+    for message in messages:
+        position = (message.topic, message.partition)
+        next_offsets[position] = max(next_offsets.get(position, 0), message.offset + 1)
+    return next_offsets

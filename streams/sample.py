@@ -1,0 +1,228 @@
+"""Builders for contract events, and the demo's sample stream.
+
+The builders produce raw JSON-ready dicts exactly as an outside producer would send them; the
+demo, the benchmark and the tests all build their input here so that there is one way to do it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+from topics.registry import entity_key
+
+RawEvent = dict[str, Any]
+EPOCH = datetime(2026, 8, 8, 9, 0, tzinfo=UTC)
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class EventFactory:
+    """Makes contract events with unique ids and a clock that moves one second per event."""
+
+    id_prefix: str = "evt"
+    clock: datetime = EPOCH
+    _counter: int = field(default=0)
+
+    def _envelope(self, event_type: str, tenant_id: str, payload: RawEvent) -> RawEvent:
+        self._counter += 1
+        self.clock += timedelta(seconds=1)
+        return {
+            "event_id": f"{self.id_prefix}-{self._counter:08d}",
+            "event_type": event_type,
+            "schema_version": 1,
+            "tenant_id": tenant_id,
+            "occurred_at": iso(self.clock),
+            "actor": {"type": "agent", "id": "support_agent"},
+            "payload": payload,
+        }
+
+    def proposed(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        subject: tuple[str, str] = ("user", "u1"),
+        value: dict[str, Any] | None = None,
+        *,
+        scope: str = "user",
+        kind: str = "preference",
+        source: tuple[str, str] = ("message", "conv_1/msg_1"),
+        expires_at: datetime | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {
+            "memory_id": memory_id,
+            "subject": {"type": subject[0], "id": subject[1]},
+            "scope": scope,
+            "kind": kind,
+            "value": value if value is not None else {"text": f"fact about {memory_id}"},
+            "source": {"type": source[0], "ref": source[1]},
+            "observed_at": iso(self.clock),
+        }
+        if expires_at is not None:
+            payload["expires_at"] = iso(expires_at)
+        return self._envelope("memory.proposed", tenant_id, payload)
+
+    def verified(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        expected_version: int,
+        verification: str = "user_supplied",
+    ) -> RawEvent:
+        return self._envelope(
+            "memory.verified",
+            tenant_id,
+            {
+                "memory_id": memory_id,
+                "expected_version": expected_version,
+                "verification": verification,
+            },
+        )
+
+    def corrected(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        expected_version: int,
+        value: dict[str, Any],
+        *,
+        source: tuple[str, str] = ("message", "conv_1/msg_2"),
+        verification: str | None = None,
+        expires_at: datetime | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {
+            "memory_id": memory_id,
+            "expected_version": expected_version,
+            "value": value,
+            "source": {"type": source[0], "ref": source[1]},
+            "observed_at": iso(self.clock),
+        }
+        if verification is not None:
+            payload["verification"] = verification
+        if expires_at is not None:
+            payload["expires_at"] = iso(expires_at)
+        return self._envelope("memory.corrected", tenant_id, payload)
+
+    def revoked(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        reason: str = "user asked",
+        expected_version: int | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {"memory_id": memory_id, "reason": reason}
+        if expected_version is not None:
+            payload["expected_version"] = expected_version
+        return self._envelope("memory.revoked", tenant_id, payload)
+
+
+def key_of(event: RawEvent) -> bytes:
+    entity_id = event["payload"].get("memory_id") or event["payload"].get("conversation_id")
+    return entity_key(event["tenant_id"], entity_id).encode()
+
+
+def to_message(event: RawEvent) -> tuple[bytes, bytes]:
+    return key_of(event), orjson.dumps(event)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMessage:
+    key: bytes | None
+    value: bytes | None
+    # What the demo expects to happen to it, so the summary can be checked by eye.
+    expectation: str
+
+
+def sample_memory_stream(
+    memories: int = 1000, tenants: int = 4, seed: int = 7
+) -> Iterator[SampleMessage]:
+    """A realistic mix: proposals, verifications, corrections, revocations, duplicates,
+    version conflicts, expiring memories and a few malformed messages."""
+    rng = random.Random(seed)
+    factory = EventFactory(id_prefix=f"demo{seed}")
+    versions: dict[tuple[str, str], int] = {}
+    sent: list[RawEvent] = []
+
+    def emit(event: RawEvent, expectation: str = "applied") -> SampleMessage:
+        sent.append(event)
+        key, value = to_message(event)
+        return SampleMessage(key, value, expectation)
+
+    for index in range(memories):
+        tenant = f"tenant_{index % tenants}"
+        memory_id = f"mem_{index:05d}"
+        subject = ("user", f"user_{rng.randrange(25)}")
+        kind = rng.choice(["preference", "fact", "profile", "goal"])
+        expires_at = factory.clock + timedelta(days=1) if rng.random() < 0.05 else None
+        yield emit(
+            factory.proposed(
+                tenant,
+                memory_id,
+                subject,
+                {"text": f"{kind} {index} of {subject[1]}", "weight": rng.randrange(100)},
+                kind=kind,
+                source=("message", f"conv_{index % 97}/msg_{index}"),
+                expires_at=expires_at,
+            )
+        )
+        versions[(tenant, memory_id)] = 1
+        roll = rng.random()
+        key = (tenant, memory_id)
+        if roll < 0.35:
+            yield emit(factory.verified(tenant, memory_id, versions[key]))
+            versions[key] += 1
+        if roll < 0.2:
+            yield emit(
+                factory.corrected(
+                    tenant,
+                    memory_id,
+                    versions[key],
+                    {"text": f"corrected {kind} {index}", "weight": rng.randrange(100)},
+                    verification="crm_field" if rng.random() < 0.5 else None,
+                )
+            )
+            versions[key] += 1
+        if rng.random() < 0.08:
+            yield emit(factory.verified(tenant, memory_id, versions[key] + 3), "version_conflict")
+        if rng.random() < 0.06:
+            yield emit(factory.revoked(tenant, memory_id, "user asked to forget"))
+            versions[key] += 1
+            if rng.random() < 0.5:
+                yield emit(factory.verified(tenant, memory_id, versions[key]), "revoked")
+        if rng.random() < 0.02:
+            yield emit(factory.verified(tenant, f"missing_{index}", 1), "unknown_memory")
+        if sent and rng.random() < 0.05:
+            duplicate = rng.choice(sent)
+            yield SampleMessage(*to_message(duplicate), "redelivered")
+        if rng.random() < 0.01:
+            yield from _malformed(rng, factory, tenant, index)
+
+
+def _malformed(
+    rng: random.Random, factory: EventFactory, tenant: str, index: int
+) -> Iterator[SampleMessage]:
+    choice = rng.randrange(5)
+    if choice == 0:
+        yield SampleMessage(f"{tenant}:bad_{index}".encode(), b"{not json", "dlq:malformed_json")
+    elif choice == 1:
+        event = factory.proposed(tenant, f"bad_{index}")
+        yield SampleMessage(f"{tenant}:other".encode(), orjson.dumps(event), "dlq:key_mismatch")
+    elif choice == 2:
+        event = factory.proposed(tenant, f"bad_{index}")
+        event["schema_version"] = 99
+        yield SampleMessage(*to_message(event), "dlq:unknown_schema_version")
+    elif choice == 3:
+        event = factory.proposed(tenant, f"bad_{index}")
+        del event["payload"]["subject"]
+        yield SampleMessage(*to_message(event), "dlq:invalid_event")
+    else:
+        event = factory.proposed(tenant, f"bad_{index}", value={"blob": "x" * 70_000})
+        yield SampleMessage(*to_message(event), "dlq:value_too_large")

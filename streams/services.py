@@ -1,0 +1,78 @@
+"""Long-lived resources of a worker as mode services, started before the Faust app and
+stopped after it: the PostgreSQL pool, the Kafka publisher and the /metrics endpoint."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from mode import Service
+from prometheus_client import start_http_server
+from psycopg_pool import AsyncConnectionPool
+
+from projections.bookkeeping import Conn
+from projections.migrate import migrate
+from streams.kafka import KafkaPublisher
+from streams.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def make_pool(dsn: str, size: int) -> AsyncConnectionPool[Conn]:
+    return AsyncConnectionPool(
+        dsn, min_size=1, max_size=size, open=False, kwargs={"autocommit": False}
+    )
+
+
+class DatabaseService(Service):
+    """Opens the pool and brings the schema up to date before any agent runs."""
+
+    def __init__(self, pool: AsyncConnectionPool[Conn], **kwargs: Any) -> None:
+        self.pool = pool
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        await self.pool.open(wait=True, timeout=60)
+        async with self.pool.connection() as conn:
+            applied = await migrate(conn)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+
+    async def on_stop(self) -> None:
+        await self.pool.close()
+
+
+class PublisherService(Service):
+    def __init__(self, publisher: KafkaPublisher, **kwargs: Any) -> None:
+        self.publisher = publisher
+        super().__init__(**kwargs)
+
+    async def on_stop(self) -> None:
+        self.publisher.close()
+
+
+class MetricsService(Service):
+    """Serves the injected registry on /metrics and refreshes gauges that age with time."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int, **kwargs: Any) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self._server: Any = None
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        if self.port:
+            self._server, _thread = start_http_server(
+                self.port, addr=self.host, registry=self.metrics.registry
+            )
+            log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    async def on_stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+    @Service.timer(2.0)
+    async def _refresh(self) -> None:
+        self.metrics.update_staleness(datetime.now(UTC))

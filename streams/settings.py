@@ -1,0 +1,54 @@
+"""Configuration: environment variables ``MEMPROJ_*`` with documented defaults.
+
+Built once by the CLI and passed to whatever needs it; nothing reads the environment at import
+time. The defaults match the local stack started by ``ops/stack up``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from topics.registry import TopicNames
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMPROJ_", frozen=True, extra="ignore")
+
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma separated)"
+    )
+    topic_prefix: str = Field("", description="prefix for every topic name, e.g. 'staging.'")
+    group_prefix: str = Field(
+        "memproj", description="prefix of consumer group ids (one group per worker)"
+    )
+    postgres_dsn: str = Field(
+        "postgresql://memproj:memproj@127.0.0.1:55432/memproj",
+        description="PostgreSQL connection string for projections and the ledger",
+    )
+    postgres_pool_size: int = Field(4, description="connections per worker process")
+    redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
+    data_dir: Path = Field(
+        Path(".stack/data"), description="worker-local state (vector store, faust data)"
+    )
+    max_memory_value_bytes: int = Field(
+        65536, description="largest accepted memory value, in bytes of JSON"
+    )
+    batch_max_events: int = Field(2000, description="most events applied in one transaction")
+    batch_max_wait_seconds: float = Field(
+        0.25, description="longest a partial batch waits before it is applied"
+    )
+    metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
+    metrics_port: int = Field(
+        9101, description="port of the worker's /metrics endpoint; 0 disables it"
+    )
+    log_level: str = Field("info", description="worker log level")
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+    def group_id(self, worker: str) -> str:
+        return f"{self.group_prefix}-{worker}"

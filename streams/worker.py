@@ -1,0 +1,73 @@
+"""Composition root of a worker process: settings in, a runnable Faust worker out.
+
+Each worker kind is its own Faust app and therefore its own consumer group, so that every
+projection and derived store keeps its own offsets and can be stopped, lagged or replayed
+alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import faust
+from mode import Service
+from prometheus_client import CollectorRegistry
+
+from projections.memory.projection import MemoryProjection
+from streams.agents.projection import add_projection_agent
+from streams.app import build_app
+from streams.kafka import KafkaPublisher
+from streams.metrics import Metrics
+from streams.runner import ProjectionRunner
+from streams.services import DatabaseService, MetricsService, PublisherService, make_pool
+from streams.settings import Settings
+from topics.schemas import default_schemas
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerParts:
+    app: faust.App
+    services: list[Service]
+    metrics: Metrics
+
+
+def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
+    app = build_app(settings, "memory")
+    pool = make_pool(settings.postgres_dsn, settings.postgres_pool_size)
+    publisher = KafkaPublisher(settings.kafka_bootstrap)
+    projection = MemoryProjection(
+        default_schemas(), settings.topics, settings.max_memory_value_bytes
+    )
+    runner = ProjectionRunner(projection, pool, publisher, settings.topics, metrics)
+    add_projection_agent(
+        app,
+        settings.topics.name(projection.input_spec),
+        runner,
+        settings.batch_max_events,
+        settings.batch_max_wait_seconds,
+    )
+    return WorkerParts(
+        app,
+        [
+            MetricsService(metrics, settings.metrics_host, settings.metrics_port),
+            DatabaseService(pool),
+            PublisherService(publisher),
+        ],
+        metrics,
+    )
+
+
+WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
+    "memory": build_memory_worker,
+}
+
+
+def build_worker(settings: Settings, kind: str) -> faust.Worker:
+    parts = WORKER_KINDS[kind](settings, Metrics(CollectorRegistry()))
+    return faust.Worker(
+        parts.app,
+        *parts.services,
+        loglevel=settings.log_level,
+        redirect_stdouts=False,
+    )

@@ -1,0 +1,207 @@
+"""The memory reducer, with no services: rules of the contract and idempotency properties."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from projections.memory.reducer import MemoryKey, reduce_batch
+from streams.sample import EventFactory, to_message
+from topics.codec import EventCodec
+from topics.memory import MemoryEvent
+from topics.outputs import MemoryRecord, RejectionReason
+from topics.schemas import default_schemas
+
+CODEC = EventCodec(
+    default_schemas(),
+    frozenset({"memory.proposed", "memory.verified", "memory.corrected", "memory.revoked"}),
+)
+
+
+def decode(*raws: dict) -> list[MemoryEvent]:  # type: ignore[type-arg]
+    return [CODEC.decode(*to_message(raw)) for raw in raws]  # type: ignore[misc]
+
+
+def project(events: list[MemoryEvent]) -> dict[MemoryKey, MemoryRecord]:
+    return reduce_batch(events, {}, {}).records
+
+
+def test_proposal_creates_version_one() -> None:
+    factory = EventFactory()
+    result = reduce_batch(decode(factory.proposed("t1", "m1")), {}, {})
+    record = result.records[("t1", "m1")]
+    assert (record.version, record.status) == (1, "proposed")
+    assert record.source.ref == "conv_1/msg_1"
+    assert len(result.versions) == 1 and not result.rejections
+
+
+def test_verification_and_correction_supersede_with_history() -> None:
+    f = EventFactory()
+    result = reduce_batch(
+        decode(
+            f.proposed("t1", "m1", value={"text": "likes tea"}),
+            f.verified("t1", "m1", 1),
+            f.corrected("t1", "m1", 2, {"text": "likes coffee"}),
+            f.corrected("t1", "m1", 3, {"text": "likes water"}, verification="crm_field"),
+        ),
+        {},
+        {},
+    )
+    record = result.records[("t1", "m1")]
+    assert record.version == 4
+    assert record.value == {"text": "likes water"}
+    assert record.status == "verified" and record.verification == "crm_field"
+    history = [(v.record.version, v.record.status, v.record.value["text"]) for v in result.versions]
+    assert history == [
+        (1, "proposed", "likes tea"),
+        (2, "verified", "likes tea"),
+        (3, "proposed", "likes coffee"),  # a new value needs its own evidence
+        (4, "verified", "likes water"),
+    ]
+
+
+def test_refusals_carry_the_contract_reasons() -> None:
+    f = EventFactory()
+    result = reduce_batch(
+        decode(
+            f.proposed("t1", "m1"),
+            f.proposed("t1", "m1"),  # a second proposal is a conflict
+            f.verified("t1", "m1", 5),
+            f.verified("t1", "nope", 1),
+            f.revoked("t1", "m1"),
+            f.corrected("t1", "m1", 2, {"text": "late"}),
+        ),
+        {},
+        {},
+    )
+    assert [r.reason for r in result.rejections] == [
+        RejectionReason.VERSION_CONFLICT,
+        RejectionReason.VERSION_CONFLICT,
+        RejectionReason.UNKNOWN_MEMORY,
+        RejectionReason.REVOKED,
+    ]
+    record = result.records[("t1", "m1")]
+    assert record.status == "revoked" and record.version == 2
+
+
+def test_conflict_changes_nothing() -> None:
+    f = EventFactory()
+    base = reduce_batch(decode(f.proposed("t1", "m1")), {}, {})
+    after = reduce_batch(decode(f.verified("t1", "m1", 7)), base.records, {})
+    assert after.records == {} and after.versions == []
+    assert after.rejections[0].details == "expected_version 7, current version 1"
+
+
+def test_revocation_without_expected_version_is_allowed() -> None:
+    f = EventFactory()
+    record = project(
+        decode(f.proposed("t1", "m1"), f.verified("t1", "m1", 1), f.revoked("t1", "m1"))
+    )
+    assert record[("t1", "m1")].status == "revoked"
+
+
+def test_expiry_is_judged_at_read_time_not_in_the_reducer() -> None:
+    f = EventFactory()
+    expires = f.clock + timedelta(hours=1)
+    record = project(decode(f.proposed("t1", "m1", expires_at=expires)))[("t1", "m1")]
+    assert record.status == "proposed"
+    assert record.is_eligible(expires - timedelta(seconds=1))
+    assert not record.is_eligible(expires)
+
+
+def test_same_event_id_same_body_is_a_redelivery_different_body_is_refused() -> None:
+    f = EventFactory()
+    proposal = f.proposed("t1", "m1")
+    reused = dict(proposal, payload=dict(proposal["payload"], value={"text": "other"}))
+    result = reduce_batch(decode(proposal, proposal, reused), {}, {})
+    assert result.redelivered == 1
+    assert [r.reason for r in result.rejections] == [RejectionReason.DUPLICATE_MISMATCH]
+    assert len(result.processed) == 1
+
+    later = reduce_batch(
+        decode(proposal, reused),
+        result.records,
+        {(p.tenant_id, p.event_id): p.body_hash for p in result.processed},
+    )
+    assert later.redelivered == 1 and later.records == {}
+    assert [r.reason for r in later.rejections] == [RejectionReason.DUPLICATE_MISMATCH]
+
+
+def test_a_refused_event_is_not_reconsidered_when_redelivered() -> None:
+    f = EventFactory()
+    early = f.verified("t1", "m1", 1)  # refused: the memory does not exist yet
+    first = reduce_batch(decode(early, f.proposed("t1", "m1")), {}, {})
+    seen = {(p.tenant_id, p.event_id): p.body_hash for p in first.processed}
+    again = reduce_batch(decode(early), first.records, seen)
+    assert again.redelivered == 1 and again.records == {}
+
+
+def test_tenants_are_separate_namespaces() -> None:
+    f = EventFactory()
+    records = project(
+        decode(f.proposed("t1", "m1"), f.proposed("t2", "m1"), f.verified("t2", "m1", 1))
+    )
+    assert records[("t1", "m1")].status == "proposed"
+    assert records[("t2", "m1")].status == "verified"
+
+
+def _log(draw: st.DrawFn) -> list[dict]:  # type: ignore[type-arg]
+    factory = EventFactory()
+    log: list[dict] = []  # type: ignore[type-arg]
+    versions: dict[str, int] = {}
+    for _ in range(draw(st.integers(1, 30))):
+        tenant = draw(st.sampled_from(["t1", "t2"]))
+        memory = draw(st.sampled_from(["m1", "m2", "m3"]))
+        action = draw(st.sampled_from(["propose", "verify", "correct", "revoke", "conflict"]))
+        current = versions.get(f"{tenant}/{memory}", 0)
+        if action == "propose":
+            log.append(factory.proposed(tenant, memory))
+        elif action == "verify":
+            log.append(factory.verified(tenant, memory, max(current, 1)))
+        elif action == "correct":
+            log.append(factory.corrected(tenant, memory, max(current, 1), {"n": len(log)}))
+        elif action == "revoke":
+            log.append(factory.revoked(tenant, memory))
+        else:
+            log.append(factory.verified(tenant, memory, current + 5))
+        versions[f"{tenant}/{memory}"] = current + 1
+    return log
+
+
+@st.composite
+def log_with_duplicates(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
+    """A log, and the same log with duplicates of its events inserted after their originals."""
+    log = _log(draw)
+    noisy = list(log)
+    for _ in range(draw(st.integers(0, 20))):
+        original = draw(st.integers(0, len(log) - 1))
+        position = noisy.index(log[original]) + 1
+        noisy.insert(draw(st.integers(position, len(noisy))), log[original])
+    return log, noisy
+
+
+@given(log_with_duplicates(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_redelivered_and_reordered_duplicates_give_the_same_projection(logs, data) -> None:  # type: ignore[no-untyped-def]
+    log, noisy = logs
+    expected = reduce_batch(decode(*log), {}, {})
+
+    # Split the noisy log into batches, carrying state between them as the store would.
+    events = decode(*noisy)
+    records: dict[MemoryKey, MemoryRecord] = {}
+    seen: dict[tuple[str, str], bytes] = {}
+    versions = []
+    rejections = []
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(events)), max_size=5)))
+    for start, end in zip([0, *cuts], [*cuts, len(events)], strict=True):
+        batch = reduce_batch(events[start:end], records, seen)
+        records.update(batch.records)
+        seen.update({(p.tenant_id, p.event_id): p.body_hash for p in batch.processed})
+        versions.extend(batch.versions)
+        rejections.extend(batch.rejections)
+
+    assert records == expected.records
+    assert versions == expected.versions
+    assert rejections == expected.rejections

@@ -1,0 +1,1 @@
+"""The wire contract: topic registry, event models, codecs and schema versions."""

@@ -1,0 +1,130 @@
+"""Bytes on the wire <-> validated events.
+
+``EventCodec.decode`` either returns a frozen event or raises ``InvalidMessage`` with a
+reason code; it never lets a malformed message through and never crashes on one. The caller
+turns ``InvalidMessage`` into a dead letter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import pydantic_core
+from pydantic import BaseModel, ValidationError
+
+from topics.envelope import Envelope
+from topics.outputs import DeadLetterReason
+from topics.schemas import EventSchema, SchemaRegistry, UnknownSchemaVersion
+
+
+class InvalidMessage(ValueError):
+    def __init__(self, code: DeadLetterReason, detail: str) -> None:
+        super().__init__(f"{code.value}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def encode(record: BaseModel) -> bytes:
+    return pydantic_core.to_json(record)
+
+
+def encode_key(key: str) -> bytes:
+    return key.encode()
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False, include_input=False)[:5]:
+        location = ".".join(str(part) for part in item["loc"]) or "event"
+        parts.append(f"{location}: {item['msg']}")
+    return "; ".join(parts)
+
+
+class EventCodec:
+    """Decodes one input topic's messages under the contract.
+
+    ``accepted_types`` limits which event types may appear on the topic; ``value_limits``
+    caps the JSON size of named payload fields (the contract's 64 KiB memory ``value``).
+    """
+
+    def __init__(
+        self,
+        schemas: SchemaRegistry,
+        accepted_types: frozenset[str],
+        value_limits: Mapping[str, int] | None = None,
+    ) -> None:
+        self._schemas = schemas
+        self._accepted_types = accepted_types
+        self._value_limits = dict(value_limits or {})
+
+    def decode(self, key: bytes | None, value: bytes | None) -> Envelope:
+        key_text = self._decode_key(key)
+        if value is None:
+            raise InvalidMessage(DeadLetterReason.EMPTY_VALUE, "the message has no value")
+        raw = self._parse_object(value)
+        schema = self._schema_for(raw)
+        version = raw.get("schema_version")
+        if type(version) is not int:
+            raise InvalidMessage(
+                DeadLetterReason.INVALID_EVENT, "schema_version: must be an integer"
+            )
+        try:
+            raw = schema.upcast(raw, version)
+        except UnknownSchemaVersion as exc:
+            raise InvalidMessage(DeadLetterReason.UNKNOWN_SCHEMA_VERSION, str(exc)) from exc
+        try:
+            event = schema.model.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidMessage(DeadLetterReason.INVALID_EVENT, _describe(exc)) from exc
+        expected_key = f"{event.tenant_id}:{event.entity_id}"
+        if key_text != expected_key:
+            raise InvalidMessage(
+                DeadLetterReason.KEY_MISMATCH,
+                f"key {key_text!r} does not match the body ({expected_key!r})",
+            )
+        self._check_sizes(raw["payload"])
+        return event
+
+    @staticmethod
+    def _decode_key(key: bytes | None) -> str:
+        if key is None:
+            raise InvalidMessage(DeadLetterReason.INVALID_KEY, "the message has no key")
+        try:
+            return key.decode()
+        except UnicodeDecodeError as exc:
+            raise InvalidMessage(DeadLetterReason.INVALID_KEY, "the key is not UTF-8") from exc
+
+    @staticmethod
+    def _parse_object(value: bytes) -> dict[str, Any]:
+        try:
+            raw = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessage(DeadLetterReason.MALFORMED_JSON, str(exc)) from exc
+        if not isinstance(raw, dict):
+            raise InvalidMessage(
+                DeadLetterReason.MALFORMED_JSON, f"expected a JSON object, got {type(raw).__name__}"
+            )
+        return raw
+
+    def _schema_for(self, raw: dict[str, Any]) -> EventSchema:
+        event_type = raw.get("event_type")
+        schema = self._schemas.get(event_type) if isinstance(event_type, str) else None
+        if schema is None or event_type not in self._accepted_types:
+            raise InvalidMessage(
+                DeadLetterReason.UNKNOWN_EVENT_TYPE,
+                f"event_type {event_type!r} is not accepted on this topic",
+            )
+        return schema
+
+    def _check_sizes(self, payload: dict[str, Any]) -> None:
+        for field_name, limit in self._value_limits.items():
+            if field_name not in payload:
+                continue
+            size = len(orjson.dumps(payload[field_name]))
+            if size > limit:
+                raise InvalidMessage(
+                    DeadLetterReason.VALUE_TOO_LARGE,
+                    f"payload.{field_name} is {size} bytes of JSON, above the limit of {limit}",
+                )

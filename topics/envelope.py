@@ -1,0 +1,71 @@
+"""The envelope every input event carries, and the field types the contract shares."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+import orjson
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+# References such as "conv_71/msg_993" join two identifiers, so they get more room.
+Reference = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+Timestamp = AwareDatetime
+ActorType = Literal["user", "agent", "service", "operator"]
+
+
+class Frozen(BaseModel):
+    # Extra fields are ignored rather than refused: the contract lets producers add optional
+    # fields, and a newer producer must not send an older worker's input to the DLQ.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Actor(Frozen):
+    type: ActorType
+    id: Identifier
+
+
+class Subject(Frozen):
+    type: Identifier
+    id: Identifier
+
+
+class Source(Frozen):
+    type: Identifier
+    ref: Reference
+
+
+class Envelope(Frozen):
+    """Fields common to every input event; concrete events add ``event_type`` and ``payload``."""
+
+    event_id: Identifier
+    event_type: str
+    schema_version: int = Field(ge=1)
+    tenant_id: Identifier
+    occurred_at: Timestamp
+    actor: Actor
+    payload: Any
+
+    # The payload field naming the entity the message key must point at.
+    entity_field: ClassVar[str]
+
+    @classmethod
+    def declared_event_type(cls) -> str:
+        """The ``event_type`` literal a concrete event class accepts."""
+        (event_type,) = get_args(cls.model_fields["event_type"].annotation)
+        return str(event_type)
+
+    @property
+    def entity_id(self) -> str:
+        return str(getattr(self.payload, self.entity_field))
+
+    def body_hash(self) -> bytes:
+        """A digest of the event's meaning, to tell a redelivery from a reused event_id.
+
+        It covers the validated model, not the raw bytes, so whitespace or key order in a
+        re-serialised copy is still the same event.
+        """
+        canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(canonical).digest()

@@ -1,0 +1,79 @@
+"""Memory events on ``memory.events`` (contract version 1)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from topics.envelope import Envelope, Frozen, Identifier, Source, Subject, Text, Timestamp
+
+
+class MemoryProposedPayload(Frozen):
+    memory_id: Identifier
+    subject: Subject
+    scope: Identifier
+    kind: Identifier
+    value: dict[str, Any]
+    source: Source
+    observed_at: Timestamp
+    expires_at: Timestamp | None = None
+    evidence_event_ids: tuple[Identifier, ...] = ()
+
+
+class MemoryVerifiedPayload(Frozen):
+    memory_id: Identifier
+    expected_version: int = Field(ge=1)
+    verification: Identifier | None = None
+
+
+class MemoryCorrectedPayload(Frozen):
+    memory_id: Identifier
+    expected_version: int = Field(ge=1)
+    value: dict[str, Any]
+    source: Source
+    observed_at: Timestamp
+    expires_at: Timestamp | None = None
+    verification: Identifier | None = None
+
+
+class MemoryRevokedPayload(Frozen):
+    memory_id: Identifier
+    expected_version: int | None = Field(default=None, ge=1)
+    reason: Text
+
+
+class MemoryEvent(Envelope):
+    entity_field: ClassVar[str] = "memory_id"
+
+    @property
+    def memory_id(self) -> str:
+        return self.entity_id
+
+
+class MemoryProposed(MemoryEvent):
+    event_type: Literal["memory.proposed"]
+    payload: MemoryProposedPayload
+
+
+class MemoryVerified(MemoryEvent):
+    event_type: Literal["memory.verified"]
+    payload: MemoryVerifiedPayload
+
+
+class MemoryCorrected(MemoryEvent):
+    event_type: Literal["memory.corrected"]
+    payload: MemoryCorrectedPayload
+
+
+class MemoryRevoked(MemoryEvent):
+    event_type: Literal["memory.revoked"]
+    payload: MemoryRevokedPayload
+
+
+MEMORY_EVENT_TYPES: tuple[type[MemoryEvent], ...] = (
+    MemoryProposed,
+    MemoryVerified,
+    MemoryCorrected,
+    MemoryRevoked,
+)

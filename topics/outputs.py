@@ -1,0 +1,88 @@
+"""Records memproj publishes: the current memory, rejections and dead letters."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from topics.envelope import Frozen, Identifier, Source, Subject, Timestamp
+
+MemoryStatus = Literal["proposed", "verified", "revoked"]
+
+
+class MemoryRecord(Frozen):
+    """One memory as the projection holds it, and as ``memory.current`` carries it."""
+
+    tenant_id: Identifier
+    memory_id: Identifier
+    subject: Subject
+    scope: Identifier
+    kind: Identifier
+    value: dict[str, Any]
+    source: Source
+    status: MemoryStatus
+    version: int
+    observed_at: Timestamp
+    expires_at: Timestamp | None = None
+    verification: str | None = None
+    evidence_event_ids: tuple[str, ...] = ()
+    created_at: Timestamp
+    updated_at: Timestamp
+    last_event_id: Identifier
+    revoked_reason: str | None = None
+
+    def is_eligible(self, now: datetime) -> bool:
+        """Recall may return it: not revoked and not expired (expiry is judged at read time)."""
+        if self.status == "revoked":
+            return False
+        return self.expires_at is None or self.expires_at > now
+
+
+class RejectionReason(StrEnum):
+    VERSION_CONFLICT = "version_conflict"
+    UNKNOWN_MEMORY = "unknown_memory"
+    REVOKED = "revoked"
+    DUPLICATE_MISMATCH = "duplicate_mismatch"
+    ERASED = "erased"
+
+
+class Rejection(Frozen):
+    """A well-formed event that was refused; published on ``memory.rejections``."""
+
+    event_id: str
+    reason: RejectionReason
+    details: str
+    tenant_id: str
+    # The memory, conversation or deletion the refused event is about (the message key's id).
+    entity_id: str
+    event_type: str
+    occurred_at: Timestamp
+
+
+class DeadLetterReason(StrEnum):
+    INVALID_KEY = "invalid_key"
+    EMPTY_VALUE = "empty_value"
+    MALFORMED_JSON = "malformed_json"
+    UNKNOWN_EVENT_TYPE = "unknown_event_type"
+    UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
+    INVALID_EVENT = "invalid_event"
+    KEY_MISMATCH = "key_mismatch"
+    VALUE_TOO_LARGE = "value_too_large"
+
+
+class DeadLetter(Frozen):
+    """A message not valid under the contract; published on ``<input topic>.dlq``.
+
+    ``original`` and ``error`` are the contract; ``error_code``, ``key`` and ``failed_at`` are
+    optional additions so that the DLQ can be counted and replayed by reason.
+    """
+
+    original: str  # base64 of the original value bytes
+    topic: str
+    partition: int
+    offset: int
+    error: str
+    error_code: DeadLetterReason
+    key: str | None
+    failed_at: datetime

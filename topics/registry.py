@@ -1,0 +1,153 @@
+"""Every topic of the wire contract, in one place.
+
+The registry is the single source for names, keys, partition counts and retention; topic
+creation, the workers, the docker-compose consistency test and the README all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+DAY_MS = 24 * 60 * 60 * 1000
+DLQ_SUFFIX = ".dlq"
+
+
+class TopicRole(StrEnum):
+    INPUT = "input"
+    OUTPUT = "output"
+    DEAD_LETTER = "dead_letter"
+
+
+class CleanupPolicy(StrEnum):
+    DELETE = "delete"
+    COMPACT = "compact"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    base_name: str
+    key: str
+    role: TopicRole
+    partitions: int
+    cleanup_policy: CleanupPolicy
+    # None keeps data forever (compacted topics hold the latest value per key).
+    retention_ms: int | None
+    description: str
+
+    def config(self) -> dict[str, str]:
+        config = {"cleanup.policy": self.cleanup_policy.value}
+        config["retention.ms"] = "-1" if self.retention_ms is None else str(self.retention_ms)
+        if self.cleanup_policy is CleanupPolicy.COMPACT:
+            # Let tombstones (null values) linger long enough for readers to see them.
+            config["delete.retention.ms"] = str(DAY_MS)
+        return config
+
+
+def _input(base_name: str, key: str, description: str) -> TopicSpec:
+    return TopicSpec(
+        base_name, key, TopicRole.INPUT, 3, CleanupPolicy.DELETE, 7 * DAY_MS, description
+    )
+
+
+def _dead_letter(input_spec: TopicSpec) -> TopicSpec:
+    return TopicSpec(
+        input_spec.base_name + DLQ_SUFFIX,
+        "the original key",
+        TopicRole.DEAD_LETTER,
+        1,
+        CleanupPolicy.DELETE,
+        30 * DAY_MS,
+        f"messages from {input_spec.base_name} that are not valid under the contract",
+    )
+
+
+MEMORY_EVENTS = _input(
+    "memory.events", "tenant_id:memory_id", "memory.proposed|verified|corrected|revoked"
+)
+CONVERSATION_EVENTS = _input(
+    "conversation.events",
+    "tenant_id:conversation_id",
+    "conversation.started|message_added|summary_updated",
+)
+DELETION_REQUESTS = _input("deletion.requests", "tenant_id:deletion_id", "deletion.requested")
+
+DELETION_TOMBSTONES = TopicSpec(
+    "deletion.tombstones",
+    "tenant_id:deletion_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "deletion.tombstone: the items every derived store must remove",
+)
+DELETION_ACKS = TopicSpec(
+    "deletion.acks",
+    "tenant_id:deletion_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "deletion.acknowledged: one per store and tombstone",
+)
+DELETION_STATUS = TopicSpec(
+    "deletion.status",
+    "tenant_id:deletion_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.COMPACT,
+    None,
+    "deletion.completed or deletion.overdue with per-store state",
+)
+MEMORY_CURRENT = TopicSpec(
+    "memory.current",
+    "tenant_id:memory_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.COMPACT,
+    None,
+    "the current projected memory record; null once it is gone",
+)
+MEMORY_REJECTIONS = TopicSpec(
+    "memory.rejections",
+    "tenant_id:memory_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "well-formed events that were refused, with the reason",
+)
+
+INPUT_TOPICS: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS, DELETION_REQUESTS)
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    *INPUT_TOPICS,
+    DELETION_TOMBSTONES,
+    DELETION_ACKS,
+    DELETION_STATUS,
+    MEMORY_CURRENT,
+    MEMORY_REJECTIONS,
+    *(_dead_letter(spec) for spec in INPUT_TOPICS),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """Resolves contract topic names under the configured prefix (e.g. ``staging.``)."""
+
+    prefix: str = ""
+
+    def name(self, spec: TopicSpec) -> str:
+        return self.prefix + spec.base_name
+
+    def dead_letter(self, spec: TopicSpec) -> str:
+        return self.prefix + spec.base_name + DLQ_SUFFIX
+
+    def base_name(self, topic: str) -> str:
+        if not topic.startswith(self.prefix):
+            raise ValueError(f"topic {topic!r} does not carry the prefix {self.prefix!r}")
+        return topic[len(self.prefix) :]
+
+
+def entity_key(tenant_id: str, entity_id: str) -> str:
+    """The contract's message key: it decides the partition, so one entity stays in order."""
+    return f"{tenant_id}:{entity_id}"
