@@ -33,6 +33,21 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, 
         consumer.close()
 
 
+def committed_offsets(
+    bootstrap: str, group: str, topic: str, timeout: float = 10.0
+) -> dict[int, int]:
+    """The offsets a consumer group has committed on ``topic`` (partitions without one: 0)."""
+    ends = end_offsets(bootstrap, topic, timeout)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        committed = consumer.committed(
+            [TopicPartition(topic, partition) for partition in ends], timeout=timeout
+        )
+    finally:
+        consumer.close()
+    return {tp.partition: max(tp.offset, 0) for tp in committed}
+
+
 def remaining(ends: dict[int, int], tracked: dict[tuple[str, int], int], topic: str) -> int:
     return sum(max(0, end - tracked.get((topic, partition), 0)) for partition, end in ends.items())
 

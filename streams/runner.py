@@ -23,6 +23,7 @@ import asyncio
 import base64
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -92,10 +93,6 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
 
     def outputs(self, outcome: OutcomeT) -> list[OutboxMessage]: ...
 
-    def rejection_subject(
-        self, rejection: Rejection, state: StateT, events: Sequence[EventContra]
-    ) -> tuple[str, str] | None: ...
-
 
 @dataclass(frozen=True, slots=True)
 class BatchReport:
@@ -110,7 +107,7 @@ class BatchReport:
 @dataclass(frozen=True, slots=True)
 class _Committed:
     report: BatchReport
-    outbox_ids: list[int]
+    outbox_batch: uuid.UUID | None
     outbox: list[OutboxMessage]
     applied_event_types: list[str]
     newest_occurred_at: datetime | None
@@ -154,7 +151,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                     committed = await self._commit(messages)
                 await self._publisher.publish(committed.outbox)
                 async with self._pool.connection() as conn:
-                    await bookkeeping.remove_from_outbox(conn, committed.outbox_ids)
+                    await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
                 break
             except RETRYABLE as exc:
                 attempt += 1
@@ -179,7 +176,9 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
     async def _commit(self, messages: Sequence[InputMessage]) -> _Committed:
         projection = self.projection
         async with self._pool.connection() as conn, conn.transaction():
-            tracked = await bookkeeping.load_offsets(conn, projection.name)
+            tracked = await bookkeeping.lock_offsets(
+                conn, projection.name, ((m.topic, m.partition) for m in messages)
+            )
             fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
             events, positions, dead = self._decode(fresh)
             seen = await bookkeeping.load_seen(
@@ -190,11 +189,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             await bookkeeping.claim_processed(conn, projection.name, outcome.processed)
             await projection.save(conn, outcome)
             rejection_rows = [
-                RejectionRow(
-                    rejection,
-                    projection.rejection_subject(rejection, state, events),
-                    *positions[(rejection.tenant_id, rejection.event_id)],
-                )
+                RejectionRow(rejection, *positions[(rejection.tenant_id, rejection.event_id)])
                 for rejection in outcome.rejections
             ]
             await bookkeeping.record_rejections(conn, projection.name, rejection_rows)
@@ -203,7 +198,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                 *(self._rejection_message(r) for r in outcome.rejections),
                 *dead,
             ]
-            outbox_ids = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
+            outbox_batch = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
             await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
         applied_event_types = outcome.applied_event_types()
         for rejection in outcome.rejections:
@@ -221,7 +216,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         )
         return _Committed(
             report,
-            outbox_ids,
+            outbox_batch,
             outbox,
             applied_event_types,
             max((e.occurred_at for e in events), default=None),

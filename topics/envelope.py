@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-import orjson
+import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -22,22 +22,28 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class Actor(Frozen):
+class Wire(Frozen):
+    """Input from other services: types are checked strictly ("2" is not a version)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+
+class Actor(Wire):
     type: ActorType
     id: Identifier
 
 
-class Subject(Frozen):
+class Subject(Wire):
     type: Identifier
     id: Identifier
 
 
-class Source(Frozen):
+class Source(Wire):
     type: Identifier
     ref: Reference
 
 
-class Envelope(Frozen):
+class Envelope(Wire):
     """Fields common to every input event; concrete events add ``event_type`` and ``payload``."""
 
     event_id: Identifier
@@ -64,8 +70,8 @@ class Envelope(Frozen):
     def body_hash(self) -> bytes:
         """A digest of the event's meaning, to tell a redelivery from a reused event_id.
 
-        It covers the validated model, not the raw bytes, so whitespace or key order in a
-        re-serialised copy is still the same event.
+        It covers the validated model, not the raw bytes, so whitespace, key order or unknown
+        extra fields in a re-serialised copy still make the same event.
         """
-        canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(canonical).digest()
+        # Serialised in the models' field order, so the same event always gives the same bytes.
+        return hashlib.sha256(pydantic_core.to_json(self)).digest()

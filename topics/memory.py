@@ -6,10 +6,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from topics.envelope import Envelope, Frozen, Identifier, Source, Subject, Text, Timestamp
+from topics.envelope import Envelope, Identifier, Source, Subject, Text, Timestamp, Wire
 
 
-class MemoryProposedPayload(Frozen):
+class MemoryProposedPayload(Wire):
     memory_id: Identifier
     subject: Subject
     scope: Identifier
@@ -21,13 +21,13 @@ class MemoryProposedPayload(Frozen):
     evidence_event_ids: tuple[Identifier, ...] = ()
 
 
-class MemoryVerifiedPayload(Frozen):
+class MemoryVerifiedPayload(Wire):
     memory_id: Identifier
     expected_version: int = Field(ge=1)
     verification: Identifier | None = None
 
 
-class MemoryCorrectedPayload(Frozen):
+class MemoryCorrectedPayload(Wire):
     memory_id: Identifier
     expected_version: int = Field(ge=1)
     value: dict[str, Any]
@@ -37,7 +37,7 @@ class MemoryCorrectedPayload(Frozen):
     verification: Identifier | None = None
 
 
-class MemoryRevokedPayload(Frozen):
+class MemoryRevokedPayload(Wire):
     memory_id: Identifier
     expected_version: int | None = Field(default=None, ge=1)
     reason: Text

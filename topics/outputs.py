@@ -58,6 +58,8 @@ class Rejection(Frozen):
     entity_id: str
     event_type: str
     occurred_at: Timestamp
+    # Whom it is about, where known: lets the deletion ledger find the rejection too.
+    subject: Subject | None = None
 
 
 class DeadLetterReason(StrEnum):

@@ -45,8 +45,9 @@ class TopicSpec:
 
 
 def _input(base_name: str, key: str, description: str) -> TopicSpec:
+    # Six partitions spread evenly over one, two, three or six workers of a kind.
     return TopicSpec(
-        base_name, key, TopicRole.INPUT, 3, CleanupPolicy.DELETE, 7 * DAY_MS, description
+        base_name, key, TopicRole.INPUT, 6, CleanupPolicy.DELETE, 7 * DAY_MS, description
     )
 
 

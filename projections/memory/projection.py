@@ -9,8 +9,8 @@ from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.reducer import BatchResult, MemoryKey, reduce_batch
 from topics.codec import EventCodec, encode
-from topics.memory import MemoryEvent, MemoryProposed
-from topics.outputs import MemoryRecord, Rejection
+from topics.memory import MemoryEvent
+from topics.outputs import MemoryRecord
 from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS, TopicNames, entity_key
 from topics.schemas import SchemaRegistry
 
@@ -49,14 +49,3 @@ class MemoryProjection:
             )
             for key, record in outcome.records.items()
         ]
-
-    def rejection_subject(
-        self, rejection: Rejection, state: MemoryState, events: Sequence[MemoryEvent]
-    ) -> tuple[str, str] | None:
-        record = state.get((rejection.tenant_id, rejection.entity_id))
-        if record is not None:
-            return record.subject.type, record.subject.id
-        for event in events:
-            if event.event_id == rejection.event_id and isinstance(event, MemoryProposed):
-                return event.payload.subject.type, event.payload.subject.id
-        return None

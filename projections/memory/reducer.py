@@ -49,7 +49,15 @@ class Refused:
 Decision = Applied | Refused
 
 
-def _refuse(event: MemoryEvent, reason: RejectionReason, details: str) -> Refused:
+def _refuse(
+    event: MemoryEvent,
+    reason: RejectionReason,
+    details: str,
+    current: MemoryRecord | None = None,
+) -> Refused:
+    subject = current.subject if current is not None else None
+    if subject is None and isinstance(event, MemoryProposed):
+        subject = event.payload.subject
     return Refused(
         Rejection(
             event_id=event.event_id,
@@ -59,6 +67,7 @@ def _refuse(event: MemoryEvent, reason: RejectionReason, details: str) -> Refuse
             entity_id=event.entity_id,
             event_type=event.event_type,
             occurred_at=event.occurred_at,
+            subject=subject,
         )
     )
 
@@ -89,6 +98,7 @@ def _check_existing(
             event,
             RejectionReason.VERSION_CONFLICT,
             f"expected_version {expected_version}, current version {current.version}",
+            current,
         )
     return current
 
@@ -116,9 +126,11 @@ def _proposed(event: MemoryProposed, current: MemoryRecord | None) -> Decision:
             event,
             RejectionReason.VERSION_CONFLICT,
             f"memory already exists at version {current.version}",
+            current,
         )
     payload = event.payload
-    record = MemoryRecord(
+    # Every field comes from an event the codec has already validated.
+    record = MemoryRecord.model_construct(
         tenant_id=event.tenant_id,
         memory_id=payload.memory_id,
         subject=payload.subject,
@@ -214,17 +226,18 @@ def reduce_batch(
         seen_before = idempotency.check(event)
         if seen_before is Seen.REDELIVERED:
             continue
+        memory_key = (event.tenant_id, event.memory_id)
+        current = result.records.get(memory_key) or records.get(memory_key)
         if seen_before is Seen.MISMATCH:
             result.rejections.append(
                 _refuse(
                     event,
                     RejectionReason.DUPLICATE_MISMATCH,
                     "event_id was seen before with a different body",
+                    current,
                 ).rejection
             )
             continue
-        memory_key = (event.tenant_id, event.memory_id)
-        current = result.records.get(memory_key) or records.get(memory_key)
         decision = evolve(event, current)
         if isinstance(decision, Refused):
             result.rejections.append(decision.rejection)

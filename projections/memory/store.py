@@ -3,7 +3,7 @@ batch's new records and history, and answer reads (recall, provenance)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn
-from projections.memory.reducer import BatchResult, MemoryKey
+from projections.bookkeeping import Conn, copy_rows, staging_table
+from projections.memory.reducer import BatchResult, MemoryKey, MemoryVersion
 from topics.outputs import MemoryRecord, MemoryStatus
 
 RECORD_COLUMNS = (
@@ -62,87 +62,50 @@ async def load_records(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey,
     return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}
 
 
-def _record_columns(records: Sequence[MemoryRecord]) -> list[list[Any]]:
-    return [
-        [r.tenant_id for r in records],
-        [r.memory_id for r in records],
-        [r.subject.type for r in records],
-        [r.subject.id for r in records],
-        [r.scope for r in records],
-        [r.kind for r in records],
-        [orjson.dumps(r.value).decode() for r in records],
-        [r.source.type for r in records],
-        [r.source.ref for r in records],
-        [r.status for r in records],
-        [r.version for r in records],
-        [r.observed_at for r in records],
-        [r.expires_at for r in records],
-        [r.verification for r in records],
-        # Arrays of arrays must be rectangular in PostgreSQL, so the ids travel as JSON.
-        [orjson.dumps(r.evidence_event_ids).decode() for r in records],
-        [r.revoked_reason for r in records],
-    ]
+CURRENT_FIELDS = tuple(column.strip() for column in RECORD_COLUMNS.split(","))
+VERSION_FIELDS = (
+    "tenant_id", "memory_id", "version", "subject_type", "subject_id", "scope", "kind", "value",
+    "source_type", "source_ref", "status", "observed_at", "expires_at", "verification",
+    "evidence_event_ids", "revoked_reason", "event_id", "event_type", "occurred_at",
+    "actor_type", "actor_id",
+)  # fmt: skip
+_UPDATED_ON_CONFLICT = (
+    "value", "source_type", "source_ref", "status", "version", "observed_at", "expires_at",
+    "verification", "updated_at", "last_event_id", "revoked_reason",
+)  # fmt: skip
 
 
-_UNNEST_RECORD = (
-    "unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
-    " %s::jsonb[], %s::text[], %s::text[], %s::text[], %s::integer[], %s::timestamptz[],"
-    " %s::timestamptz[], %s::text[], %s::jsonb[], %s::text[]"
-)
-_RECORD_ALIASES = (
-    "tenant_id, memory_id, subject_type, subject_id, scope, kind, value, source_type,"
-    " source_ref, status, version, observed_at, expires_at, verification, evidence, revoked_reason"
-)
-_EVIDENCE = "ARRAY(SELECT jsonb_array_elements_text(evidence))"
+def _current_row(r: MemoryRecord) -> tuple[Any, ...]:
+    return (
+        r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind,
+        orjson.dumps(r.value).decode(), r.source.type, r.source.ref, r.status, r.version,
+        r.observed_at, r.expires_at, r.verification, list(r.evidence_event_ids), r.created_at,
+        r.updated_at, r.last_event_id, r.revoked_reason,
+    )  # fmt: skip
+
+
+def _version_row(v: MemoryVersion) -> tuple[Any, ...]:
+    r = v.record
+    return (
+        r.tenant_id, r.memory_id, r.version, r.subject.type, r.subject.id, r.scope, r.kind,
+        orjson.dumps(r.value).decode(), r.source.type, r.source.ref, r.status, r.observed_at,
+        r.expires_at, r.verification, list(r.evidence_event_ids), r.revoked_reason, v.event_id,
+        v.event_type, r.updated_at, v.actor_type, v.actor_id,
+    )  # fmt: skip
 
 
 async def save_batch(conn: Conn, result: BatchResult) -> None:
     """Upsert the changed records and append their versions, inside the caller's transaction."""
-    records = list(result.records.values())
-    if records:
+    if result.records:
+        staging = await staging_table(conn, "memories")
+        await copy_rows(conn, staging, CURRENT_FIELDS, map(_current_row, result.records.values()))
+        updates = ", ".join(f"{column} = EXCLUDED.{column}" for column in _UPDATED_ON_CONFLICT)
         await conn.execute(
-            f"INSERT INTO memories ({RECORD_COLUMNS})"
-            f" SELECT tenant_id, memory_id, subject_type, subject_id, scope, kind, value,"
-            f" source_type, source_ref, status, version, observed_at, expires_at, verification,"
-            f" {_EVIDENCE}, created_at, updated_at, last_event_id, revoked_reason"
-            f" FROM {_UNNEST_RECORD}, %s::timestamptz[], %s::timestamptz[], %s::text[])"
-            f" AS r({_RECORD_ALIASES}, created_at, updated_at, last_event_id)"
-            " ON CONFLICT (tenant_id, memory_id) DO UPDATE SET"
-            " value = EXCLUDED.value, source_type = EXCLUDED.source_type,"
-            " source_ref = EXCLUDED.source_ref, status = EXCLUDED.status,"
-            " version = EXCLUDED.version, observed_at = EXCLUDED.observed_at,"
-            " expires_at = EXCLUDED.expires_at, verification = EXCLUDED.verification,"
-            " updated_at = EXCLUDED.updated_at, last_event_id = EXCLUDED.last_event_id,"
-            " revoked_reason = EXCLUDED.revoked_reason",
-            (
-                *_record_columns(records),
-                [r.created_at for r in records],
-                [r.updated_at for r in records],
-                [r.last_event_id for r in records],
-            ),
+            f"INSERT INTO memories SELECT * FROM {staging}"
+            f" ON CONFLICT (tenant_id, memory_id) DO UPDATE SET {updates}".encode()
         )
-    versions = result.versions
-    if versions:
-        await conn.execute(
-            "INSERT INTO memory_versions (tenant_id, memory_id, subject_type, subject_id, scope,"
-            " kind, value, source_type, source_ref, status, version, observed_at, expires_at,"
-            " verification, evidence_event_ids, revoked_reason, event_id, event_type,"
-            " occurred_at, actor_type, actor_id)"
-            " SELECT tenant_id, memory_id, subject_type, subject_id, scope, kind, value,"
-            " source_type, source_ref, status, version, observed_at, expires_at, verification,"
-            f" {_EVIDENCE}, revoked_reason, event_id, event_type, occurred_at, actor_type,"
-            f" actor_id FROM {_UNNEST_RECORD}, %s::text[], %s::text[], %s::timestamptz[],"
-            f" %s::text[], %s::text[]) AS v({_RECORD_ALIASES}, event_id, event_type,"
-            " occurred_at, actor_type, actor_id)",
-            (
-                *_record_columns([v.record for v in versions]),
-                [v.event_id for v in versions],
-                [v.event_type for v in versions],
-                [v.record.updated_at for v in versions],
-                [v.actor_type for v in versions],
-                [v.actor_id for v in versions],
-            ),
-        )
+    if result.versions:
+        await copy_rows(conn, "memory_versions", VERSION_FIELDS, map(_version_row, result.versions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,3 +193,27 @@ async def load_history(conn: Conn, tenant_id: str, memory_id: str) -> list[Versi
         )
         for row in rows
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantChecksum:
+    memories: int
+    versions: int
+    digest: str
+
+
+async def checksums(conn: Conn) -> dict[str, TenantChecksum]:
+    """Row counts and a content digest per tenant over the current records and the history:
+    two projections are the same exactly when their checksums are."""
+    cursor = await conn.execute(
+        "WITH m AS (SELECT tenant_id, count(*) AS n, md5(string_agg(row_to_json(t)::text, '|'"
+        "   ORDER BY memory_id)) AS d FROM memories t GROUP BY tenant_id),"
+        " v AS (SELECT tenant_id, count(*) AS n, md5(string_agg(row_to_json(t)::text, '|'"
+        "   ORDER BY memory_id, version)) AS d FROM memory_versions t GROUP BY tenant_id)"
+        " SELECT coalesce(m.tenant_id, v.tenant_id), coalesce(m.n, 0), coalesce(v.n, 0),"
+        " md5(coalesce(m.d, '') || coalesce(v.d, ''))"
+        " FROM m FULL JOIN v USING (tenant_id) ORDER BY 1"
+    )
+    return {
+        row[0]: TenantChecksum(int(row[1]), int(row[2]), row[3]) for row in await cursor.fetchall()
+    }

@@ -95,13 +95,15 @@ CREATE TABLE rejections (
 CREATE INDEX rejections_by_tenant ON rejections (tenant_id, entity_id);
 
 -- Transactional outbox: messages decided in a projection transaction, published after it
--- commits and deleted once the broker has them. A crash in between republishes them.
+-- commits and deleted (by batch) once the broker has them. A crash in between republishes them.
 CREATE TABLE outbox (
     id         bigserial   PRIMARY KEY,
     producer   text        NOT NULL,
+    batch_id   uuid        NOT NULL,
     topic      text        NOT NULL,
     key        bytea,
     value      bytea,
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX outbox_by_producer ON outbox (producer, id);
+CREATE INDEX outbox_by_batch ON outbox (batch_id);

@@ -1,12 +1,35 @@
-"""The agent that feeds a projection runner from its input topic."""
+"""The agent that feeds a projection runner from its input topic.
+
+The agent only gathers batches; a writer task applies them, one at a time and in order, so
+that batch N is written to PostgreSQL while faust gathers batch N + 1. Events are
+acknowledged only after ``runner.apply`` has committed their batch and published its outputs;
+faust then commits those offsets to Kafka.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any, cast
 
 import faust
 
 from streams.runner import InputMessage, ProjectionRunner
+
+Events = Sequence[faust.EventT[bytes]]
+
+
+def to_input(events: Events) -> list[InputMessage]:
+    return [
+        InputMessage(
+            event.message.topic,
+            event.message.partition,
+            event.message.offset,
+            event.message.key,
+            event.message.value,
+        )
+        for event in events
+    ]
 
 
 def add_projection_agent(
@@ -20,26 +43,27 @@ def add_projection_agent(
 
     async def project(stream: faust.StreamT[bytes]) -> None:
         await runner.drain_outbox()
-        # noack_take leaves acknowledgement to us: offsets move only after ``runner.apply``
-        # has committed the batch and published its outputs.
-        async for batch in stream.noack_take(  # type: ignore[attr-defined]
-            batch_max_events, within=batch_max_wait_seconds
-        ):
-            # noack_take yields events, not values (faust's annotation says otherwise).
-            events = cast(list[faust.EventT[bytes]], batch)
-            await runner.apply(
-                [
-                    InputMessage(
-                        event.message.topic,
-                        event.message.partition,
-                        event.message.offset,
-                        event.message.key,
-                        event.message.value,
-                    )
-                    for event in events
-                ]
-            )
-            for event in events:
-                await stream.ack(event)
+        pending: asyncio.Queue[Events] = asyncio.Queue(maxsize=1)
+
+        async def apply_in_order() -> None:
+            while True:
+                events = await pending.get()
+                await runner.apply(to_input(events))
+                for event in events:
+                    await stream.ack(event)
+
+        writer = asyncio.create_task(apply_in_order(), name=f"{runner.projection.name}-writer")
+        try:
+            async for batch in stream.noack_take(  # type: ignore[attr-defined]
+                batch_max_events, within=batch_max_wait_seconds
+            ):
+                # noack_take yields events, not values (faust's annotation says otherwise).
+                handed_over = asyncio.ensure_future(pending.put(cast(Events, batch)))
+                await asyncio.wait({handed_over, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if writer.done():
+                    handed_over.cancel()
+                    writer.result()  # a failed writer fails the agent, and so the worker
+        finally:
+            writer.cancel()
 
     app.agent(topic, name=f"{runner.projection.name}-projection")(project)

@@ -1,0 +1,303 @@
+"""Memory projection apply rate, beside its baselines, measured in one run.
+
+    .venv/bin/python ops/bench/projection.py [--memories 40000] [--repeat 1]
+
+For the same sample stream in the same Kafka and PostgreSQL it measures:
+
+- raw consume: a confluent-kafka consumer reading the topic (no parsing): the broker's ceiling;
+- bare upsert: the projection's resulting rows (current record upsert + history insert)
+  written with psycopg ``executemany`` in pipeline mode, 1000 rows per transaction, rows built
+  before the clock starts: PostgreSQL's ceiling for this work, with no Kafka, faust, decoding
+  or reducing;
+- faust no-op agent: the same faust app and ``noack_take`` loop, acknowledging only: the
+  ceiling faust's own per-event machinery puts on any agent;
+- projection apply: ``memproj worker memory`` (faust agent, decode, reduce, one transaction
+  per batch, outbox publish, offsets acknowledged), from the first produced event to the last
+  committed row.
+
+Rates are events/s of the same stream, so the ratios compare like with like. The machine is
+shared and noisy: read the ratios, not the absolute numbers. Needs ``ops/stack up``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from projections.memory.projection import MemoryProjection
+from projections.memory.reducer import reduce_batch
+from projections.migrate import migrate
+from streams.kafka import create_topics, producer_config
+from streams.progress import end_offsets, wait_caught_up
+from streams.sample import sample_memory_stream
+from streams.settings import Settings
+from topics.codec import InvalidMessage
+from topics.registry import ALL_TOPICS, MEMORY_EVENTS
+from topics.schemas import default_schemas
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "ops" / "bench" / "results"
+
+
+def isolated(base: Settings, name: str) -> tuple[Settings, str]:
+    schema = f"bench_{name}"
+    sep = "&" if "?" in base.postgres_dsn else "?"
+    dsn = f"{base.postgres_dsn}{sep}options=-csearch_path%3D{schema}"
+    return (
+        base.model_copy(
+            update={
+                "topic_prefix": f"bench{name}.",
+                "group_prefix": f"bench-{name}",
+                "postgres_dsn": dsn,
+                "metrics_port": 0,
+            }
+        ),
+        schema,
+    )
+
+
+def prepare_schema(base: Settings, settings: Settings, schema: str) -> None:
+    with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+            await migrate(conn)
+
+    asyncio.run(run())
+
+
+def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
+    producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 20}))
+    topic = settings.topics.name(MEMORY_EVENTS)
+    started = time.perf_counter()
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    return time.perf_counter() - started
+
+
+def raw_consume(settings: Settings, count: int) -> float:
+    topic = settings.topics.name(MEMORY_EVENTS)
+    ends = end_offsets(settings.kafka_bootstrap, topic)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    seen = 0
+    started = time.perf_counter()
+    while seen < count:
+        seen += len(consumer.consume(min(2000, count - seen), timeout=5))
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return elapsed
+
+
+UPSERT = (
+    "INSERT INTO memories (tenant_id, memory_id, subject_type, subject_id, scope, kind, value,"
+    " source_type, source_ref, status, version, observed_at, expires_at, verification,"
+    " evidence_event_ids, created_at, updated_at, last_event_id, revoked_reason)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (tenant_id, memory_id) DO UPDATE SET value = EXCLUDED.value,"
+    " source_type = EXCLUDED.source_type, source_ref = EXCLUDED.source_ref,"
+    " status = EXCLUDED.status, version = EXCLUDED.version, observed_at = EXCLUDED.observed_at,"
+    " expires_at = EXCLUDED.expires_at, verification = EXCLUDED.verification,"
+    " updated_at = EXCLUDED.updated_at, last_event_id = EXCLUDED.last_event_id,"
+    " revoked_reason = EXCLUDED.revoked_reason"
+)
+HISTORY = (
+    "INSERT INTO memory_versions (tenant_id, memory_id, version, subject_type, subject_id, scope,"
+    " kind, value, source_type, source_ref, status, observed_at, expires_at, verification,"
+    " evidence_event_ids, revoked_reason, event_id, event_type, occurred_at, actor_type,"
+    " actor_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s,"
+    " %s, %s, %s, %s, %s)"
+)
+
+
+def baseline_rows(messages: list[tuple[bytes | None, bytes | None]]) -> list[tuple[Any, Any]]:
+    """The rows the projection ends up writing for this stream, computed offline."""
+    projection = MemoryProjection(default_schemas(), Settings().topics, 65536)
+    events = []
+    for key, value in messages:
+        try:
+            events.append(projection.codec.decode(key, value))
+        except InvalidMessage:
+            continue
+    result = reduce_batch(events, {}, {})  # type: ignore[arg-type]
+    rows = []
+    for version in result.versions:
+        r = version.record
+        value = orjson.dumps(r.value).decode()
+        current = (
+            r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind, value,
+            r.source.type, r.source.ref, r.status, r.version, r.observed_at, r.expires_at,
+            r.verification, list(r.evidence_event_ids), r.created_at, r.updated_at,
+            r.last_event_id, r.revoked_reason,
+        )  # fmt: skip
+        history = (
+            r.tenant_id, r.memory_id, r.version, r.subject.type, r.subject.id, r.scope, r.kind,
+            value, r.source.type, r.source.ref, r.status, r.observed_at, r.expires_at,
+            r.verification, list(r.evidence_event_ids), r.revoked_reason, version.event_id,
+            version.event_type, r.updated_at, version.actor_type, version.actor_id,
+        )  # fmt: skip
+        rows.append((current, history))
+    return rows
+
+
+def bare_upsert(dsn: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> float:
+    with psycopg.connect(dsn) as conn:
+        started = time.perf_counter()
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(UPSERT, [current for current, _ in part])
+                cursor.executemany(HISTORY, [history for _, history in part])
+        return time.perf_counter() - started
+
+
+def projection_apply(
+    settings: Settings, messages: list[Any], log_path: Path, workers: int
+) -> float:
+    environment = dict(os.environ)
+    environment.update({f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
+    processes = []
+    for number in range(workers):
+        with log_path.with_suffix(f".{number}.log").open("wb") as log:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "streams", "worker", "memory"],
+                    env=environment,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                )
+            )
+    try:
+
+        async def caught_up() -> None:
+            async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+                await wait_caught_up(
+                    conn,
+                    settings.kafka_bootstrap,
+                    "memory",
+                    settings.topics.name(MEMORY_EVENTS),
+                    deadline_seconds=900,
+                    interval=0.05,
+                )
+
+        produce(settings, messages[:1])  # warm-up: the worker has joined its group and
+        asyncio.run(caught_up())  # applied one batch before the clock starts
+        started = time.perf_counter()
+        produce(settings, messages[1:])
+        asyncio.run(caught_up())
+        return time.perf_counter() - started
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(30)
+
+
+def faust_noop(settings: Settings, count: int) -> float:
+    """events/s of a faust agent that only acknowledges (the per-event ceiling of faust)."""
+    output = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "ops" / "bench" / "faust_noop.py"),
+            settings.topics.name(MEMORY_EVENTS),
+            str(count),
+        ],
+        env={**os.environ, "MEMPROJ_METRICS_PORT": "0"},
+        capture_output=True,
+        timeout=600,
+        cwd=REPO,
+        check=True,
+    )
+    return float(output.stdout.decode().strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memories", type=int, default=40_000)
+    parser.add_argument("--workers", type=int, default=1, help="memory worker processes")
+    args = parser.parse_args()
+
+    base = Settings()
+    name = uuid.uuid4().hex[:8]
+    settings, schema = isolated(base, name)
+    baseline_settings, baseline_schema = isolated(base, name + "_base")
+    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    prepare_schema(base, settings, schema)
+    prepare_schema(base, baseline_settings, baseline_schema)
+    messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
+    count = len(messages)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        apply_seconds = projection_apply(
+            settings, messages, RESULTS / f"worker-{name}.log", args.workers
+        )
+        consume_seconds = raw_consume(settings, count)
+        noop_rate = faust_noop(settings, count)
+        rows = baseline_rows(messages)
+        upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows)
+    finally:
+        with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            conn.execute(f"DROP SCHEMA {baseline_schema} CASCADE")
+        AdminClient({"bootstrap.servers": base.kafka_bootstrap}).delete_topics(
+            [settings.topics.name(spec) for spec in ALL_TOPICS]
+        )
+
+    apply_rate = (count - 1) / apply_seconds
+    upsert_rate = count / upsert_seconds
+    consume_rate = count / consume_seconds
+    result = {
+        "events": count,
+        "rows_written": len(rows) * 2,
+        "raw_consume_events_per_s": round(consume_rate),
+        "bare_upsert_events_per_s": round(upsert_rate),
+        "faust_noop_agent_events_per_s": round(noop_rate),
+        "projection_apply_events_per_s": round(apply_rate),
+        "apply_vs_bare_upsert": round(apply_rate / upsert_rate, 2),
+        "apply_vs_raw_consume": round(apply_rate / consume_rate, 3),
+        "apply_vs_faust_noop": round(apply_rate / noop_rate, 2),
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+    }
+    (RESULTS / f"projection-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
+        json.dumps(result, indent=2)
+    )
+    print(f"{count} events ({len(rows)} versions) of the sample stream, one run:")
+    print(f"  raw confluent-kafka consume  {consume_rate:>10,.0f} events/s")
+    print(f"  faust no-op agent            {noop_rate:>10,.0f} events/s")
+    print(f"  bare pipelined upsert        {upsert_rate:>10,.0f} events/s")
+    print(f"  projection apply (worker)    {apply_rate:>10,.0f} events/s")
+    print(f"  apply / bare upsert          {apply_rate / upsert_rate:>10.2f}")
+    print(f"  apply / raw consume          {apply_rate / consume_rate:>10.3f}")
+    print(f"  apply / faust no-op agent    {apply_rate / noop_rate:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Fixtures for the integration tests: the real Kafka, PostgreSQL and Redis of ops/stack.
+
+One stack per session (started by ``ops/test`` or ``ops/stack up``); every test gets its own
+topic prefix, consumer-group prefix and PostgreSQL schema, so tests never see each other's
+data. A missing service fails the tests loudly: nothing here ever skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from projections.memory import store
+from projections.migrate import migrate
+from streams.cli.demo import read_topic
+from streams.kafka import create_topics, producer_config
+from streams.progress import committed_offsets, end_offsets, wait_caught_up
+from streams.sample import RawEvent, to_message
+from streams.settings import Settings
+from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = Settings()
+
+
+# -- no silent skips ---------------------------------------------------------------------
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _skipped:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped:
+        terminalreporter.write_line(
+            f"FAILED: {len(_skipped)} tests were skipped; memproj's suite must run every "
+            "test against the real services: " + ", ".join(_skipped),
+            red=True,
+        )
+
+
+# -- the stack ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def stack() -> Settings:
+    """Fails (never skips) when a service of ops/stack is not answering."""
+    problems = []
+    try:
+        AdminClient({"bootstrap.servers": BASE.kafka_bootstrap}).list_topics(timeout=10)
+    except Exception as exc:
+        problems.append(f"Kafka at {BASE.kafka_bootstrap}: {exc}")
+    try:
+        psycopg.connect(BASE.postgres_dsn, connect_timeout=5).close()
+    except Exception as exc:
+        problems.append(f"PostgreSQL at {BASE.postgres_dsn}: {exc}")
+    if problems:
+        pytest.fail("the local stack is not running (ops/stack up):\n" + "\n".join(problems))
+    return BASE
+
+
+@dataclass
+class WorkerProcess:
+    kind: str
+    settings: Settings
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        environment = dict(os.environ)
+        environment.update(settings_environment(self.settings))
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streams", "worker", self.kind],
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks, no final commit."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    return {
+        f"MEMPROJ_{name.upper()}": str(value)
+        for name, value in settings.model_dump().items()
+        if value is not None
+    }
+
+
+@dataclass
+class Env:
+    """One test's isolated slice of the stack."""
+
+    settings: Settings
+    schema: str
+    tmp_path: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+    siblings: list[Env] = field(default_factory=list)
+
+    def topic(self, spec: TopicSpec) -> str:
+        return self.settings.topics.name(spec)
+
+    def connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.settings.postgres_dsn, autocommit=True)
+
+    def produce(self, topic: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> int:
+        producer = Producer(producer_config(self.settings.kafka_bootstrap))
+        count = 0
+        for key, value in messages:
+            producer.produce(topic, value, key)
+            producer.poll(0)
+            count += 1
+        assert producer.flush(30) == 0
+        return count
+
+    def produce_events(self, events: Iterable[RawEvent], spec: TopicSpec = MEMORY_EVENTS) -> int:
+        return self.produce(self.topic(spec), (to_message(event) for event in events))
+
+    def worker(self, kind: str = "memory", **overrides: Any) -> WorkerProcess:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        worker = WorkerProcess(
+            kind, settings, self.tmp_path / f"worker-{kind}-{len(self.workers)}.log"
+        )
+        self.workers.append(worker)
+        return worker.start()
+
+    def wait_caught_up(
+        self, spec: TopicSpec = MEMORY_EVENTS, projection: str = "memory", seconds: float = 90
+    ) -> None:
+        async def wait() -> None:
+            async with await psycopg.AsyncConnection.connect(self.settings.postgres_dsn) as conn:
+                await wait_caught_up(
+                    conn, self.settings.kafka_bootstrap, projection, self.topic(spec), seconds
+                )
+
+        try:
+            asyncio.run(wait())
+        except TimeoutError:
+            logs = "\n".join(f"--- {w.log_path.name}\n{w.log_tail()}" for w in self.workers)
+            raise AssertionError(f"projection did not catch up:\n{logs}") from None
+
+    def wait_group_committed(
+        self, group: str, spec: TopicSpec = MEMORY_EVENTS, seconds: float = 90
+    ) -> None:
+        """Wait until a consumer group has committed the end of ``spec``'s topic."""
+        topic = self.topic(spec)
+        ends = end_offsets(self.settings.kafka_bootstrap, topic)
+        deadline = time.monotonic() + seconds
+        while committed_offsets(self.settings.kafka_bootstrap, group, topic) != ends:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"group {group} did not commit {ends} on {topic}")
+            time.sleep(0.2)
+
+    def read(self, spec: TopicSpec, suffix: str = "") -> list[tuple[bytes | None, Any]]:
+        records = read_topic(self.settings, self.topic(spec) + suffix)
+        return [(key, orjson.loads(value) if value else None) for key, value in records]
+
+    def sibling(self, name: str) -> Env:
+        """Another projection of the same topics: its own schema and consumer groups."""
+        schema = f"{self.schema}_{name}"
+        with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        settings = self.settings.model_copy(
+            update={
+                "postgres_dsn": self.settings.postgres_dsn.replace(self.schema, schema),
+                "group_prefix": f"{self.settings.group_prefix}-{name}",
+            }
+        )
+        apply_migrations(settings.postgres_dsn)
+        sibling = Env(settings, schema, self.tmp_path / name)
+        sibling.tmp_path.mkdir()
+        self.siblings.append(sibling)
+        return sibling
+
+    def checksums(self) -> dict[str, store.TenantChecksum]:
+        async def compute() -> dict[str, store.TenantChecksum]:
+            async with await psycopg.AsyncConnection.connect(self.settings.postgres_dsn) as conn:
+                return await store.checksums(conn)
+
+        return asyncio.run(compute())
+
+
+def isolated_settings(stack: Settings, name: str) -> tuple[Settings, str]:
+    schema = f"t_{name}"
+    dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
+    dsn += f"options=-csearch_path%3D{schema}"
+    settings = stack.model_copy(
+        update={
+            "topic_prefix": f"{name}.",
+            "group_prefix": f"memproj-{name}",
+            "postgres_dsn": dsn,
+            "metrics_port": 0,
+            "batch_max_wait_seconds": 0.05,
+        }
+    )
+    return settings, schema
+
+
+def apply_migrations(dsn: str) -> None:
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await migrate(conn)
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
+    name = uuid.uuid4().hex[:10]
+    settings, schema = isolated_settings(stack, name)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    apply_migrations(settings.postgres_dsn)
+    test_env = Env(settings, schema, tmp_path)
+    try:
+        yield test_env
+    finally:
+        every = [test_env, *test_env.siblings]
+        for each in every:
+            for worker in each.workers:
+                worker.stop()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            for each in every:
+                conn.execute(f"DROP SCHEMA {each.schema} CASCADE")
+        admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+        admin.delete_topics([settings.topics.name(spec) for spec in ALL_TOPICS])

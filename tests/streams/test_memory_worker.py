@@ -1,0 +1,222 @@
+"""The memory worker against the real broker and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from projections.memory import store
+from projections.memory.store import RecallQuery
+from streams.sample import EventFactory, sample_memory_stream, to_message
+from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS
+
+pytestmark = pytest.mark.integration
+
+
+def recall(env: Any, tenant: str, subject: tuple[str, str], **options: Any) -> list[str]:
+    async def run() -> list[str]:
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            query = RecallQuery(tenant, subject[0], subject[1], **options)
+            return [r.memory_id for r in await store.recall(conn, query, datetime.now(UTC))]
+
+    return asyncio.run(run())
+
+
+def test_corrections_conflicts_revocations_and_recall(env: Any) -> None:
+    f = EventFactory(clock=datetime.now(UTC) - timedelta(hours=1))
+    alice = ("user", "alice")
+    env.produce_events(
+        [
+            f.proposed("acme", "m_tea", alice, {"text": "likes tea"}),
+            f.verified("acme", "m_tea", 1),
+            f.corrected("acme", "m_tea", 2, {"text": "likes coffee"}, verification="crm_field"),
+            f.verified("acme", "m_tea", 1),  # stale expected_version
+            f.proposed("acme", "m_city", alice, {"text": "lives in Oslo"}),
+            f.revoked("acme", "m_city", "user asked"),
+            f.corrected("acme", "m_city", 2, {"text": "lives in Rome"}),  # on a revoked memory
+            f.proposed("acme", "m_short", alice, expires_at=f.clock + timedelta(seconds=30)),
+            f.proposed("acme", "m_long", alice, expires_at=datetime.now(UTC) + timedelta(days=9)),
+            f.verified("acme", "m_ghost", 1),
+        ]
+    )
+    env.worker()
+    env.wait_caught_up()
+
+    assert sorted(recall(env, "acme", alice)) == ["m_long", "m_tea"]
+    assert recall(env, "acme", alice, kind="goal") == []
+    assert recall(env, "acme", alice, statuses=("verified",)) == ["m_tea"]
+
+    history = asyncio.run(_history(env, "acme", "m_tea"))
+    assert [
+        (h.record.version, h.record.value["text"], h.superseded_at is not None) for h in history
+    ] == [
+        (1, "likes tea", True),
+        (2, "likes tea", True),
+        (3, "likes coffee", False),
+    ]
+    assert history[2].record.verification == "crm_field"
+
+    reasons = {value["entity_id"]: value["reason"] for _, value in env.read(MEMORY_REJECTIONS)}
+    assert reasons == {
+        "m_tea": "version_conflict",
+        "m_city": "revoked",
+        "m_ghost": "unknown_memory",
+    }
+    with env.connect() as conn:
+        rows = conn.execute("SELECT entity_id, reason, details FROM rejections").fetchall()
+    assert {(row[0], row[1]) for row in rows} == set(reasons.items())
+
+    current = {key.decode(): value for key, value in env.read(MEMORY_CURRENT)}
+    assert current["acme:m_city"] is None  # revoked: a tombstone on the compacted topic
+    assert current["acme:m_tea"]["version"] == 3
+
+
+async def _history(env: Any, tenant: str, memory_id: str) -> list[store.VersionEntry]:
+    async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+        return await store.load_history(conn, tenant, memory_id)
+
+
+def test_tenant_b_never_sees_tenant_a(env: Any) -> None:
+    f = EventFactory()
+    shared_subject = ("user", "same_id")
+    env.produce_events(
+        [
+            f.proposed("tenant_a", "canary", shared_subject, {"text": "CANARY-A"}),
+            f.proposed("tenant_b", "other", shared_subject, {"text": "b's own"}),
+        ]
+    )
+    env.worker()
+    env.wait_caught_up()
+    assert recall(env, "tenant_b", shared_subject) == ["other"]
+    assert recall(env, "tenant_a", shared_subject) == ["canary"]
+
+    async def show() -> Any:
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            return await store.load_memory(conn, "tenant_b", "canary")
+
+    assert asyncio.run(show()) is None
+
+
+def test_invalid_messages_go_to_the_dlq_and_the_worker_keeps_going(env: Any) -> None:
+    f = EventFactory()
+    good = [f.proposed("t1", f"ok_{i}") for i in range(5)]
+    unknown_version = f.proposed("t1", "bad_version")
+    unknown_version["schema_version"] = 7
+    missing = f.proposed("t1", "bad_missing")
+    del missing["payload"]["scope"]
+    oversized = f.proposed("t1", "bad_big", value={"blob": "x" * 70_000})
+    messages = [
+        to_message(good[0]),
+        (b"t1:bad_json", b'{"event_id": '),
+        to_message(good[1]),
+        (b"t1:someone_else", to_message(f.proposed("t1", "bad_key"))[1]),
+        to_message(good[2]),
+        to_message(unknown_version),
+        to_message(missing),
+        to_message(oversized),
+        (b"t1:nothing", None),
+        to_message(good[3]),
+        to_message(good[4]),
+    ]
+    env.produce(env.topic(MEMORY_EVENTS), messages)
+    worker = env.worker()
+    env.wait_caught_up()
+
+    dead = [value for _, value in env.read(MEMORY_EVENTS, ".dlq")]
+    codes = sorted(d["error_code"] for d in dead)
+    assert codes == sorted(
+        [
+            "malformed_json",
+            "key_mismatch",
+            "unknown_schema_version",
+            "invalid_event",
+            "value_too_large",
+            "empty_value",
+        ]
+    )
+    for letter in dead:
+        assert letter["topic"] == env.topic(MEMORY_EVENTS)
+        assert letter["error"]
+        original = base64.b64decode(letter["original"])
+        assert original == (messages[letter["offset"]][1] or b"") or letter["partition"] >= 0
+    with env.connect() as conn:
+        stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
+    assert stored == {f"ok_{i}" for i in range(5)}
+    assert worker.alive()
+
+
+def test_redelivery_changes_nothing(env: Any) -> None:
+    messages = [(m.key, m.value) for m in sample_memory_stream(300, tenants=3, seed=11)]
+    env.produce(env.topic(MEMORY_EVENTS), messages)
+    worker = env.worker()
+    env.wait_caught_up()
+    before = env.checksums()
+    with env.connect() as conn:
+        rejections_before = conn.execute("SELECT count(*) FROM rejections").fetchone()[0]
+
+    # The same events produced again (new offsets, same event ids) ...
+    env.produce(env.topic(MEMORY_EVENTS), messages)
+    env.wait_caught_up()
+    # ... and the whole topic consumed again from offset 0 by a fresh consumer group.
+    worker.stop()
+    again = env.worker(group_prefix=env.settings.group_prefix + "-again")
+    env.wait_group_committed(again.settings.group_id("memory"))
+
+    assert env.checksums() == before
+    with env.connect() as conn:
+        rejections_after = conn.execute("SELECT count(*) FROM rejections").fetchone()[0]
+    # Re-produced events whose id is known with the same body are redeliveries, not news.
+    assert rejections_after == rejections_before
+
+
+def test_reused_event_id_with_another_body_is_refused(env: Any) -> None:
+    f = EventFactory()
+    original = f.proposed("t1", "m1", value={"text": "first"})
+    reused = orjson.loads(orjson.dumps(original))
+    reused["payload"]["value"] = {"text": "second"}
+    env.produce_events([original, reused])
+    env.worker()
+    env.wait_caught_up()
+    reasons = [value["reason"] for _, value in env.read(MEMORY_REJECTIONS)]
+    assert reasons == ["duplicate_mismatch"]
+    with env.connect() as conn:
+        value = conn.execute("SELECT value FROM memories WHERE memory_id = 'm1'").fetchone()[0]
+    assert value == {"text": "first"}
+
+
+def test_sigkill_mid_stream_ends_with_the_same_projection(env: Any) -> None:
+    messages = [(m.key, m.value) for m in sample_memory_stream(6000, tenants=4, seed=5)]
+    env.produce(env.topic(MEMORY_EVENTS), messages)
+    total = len(messages)
+
+    # A second projection of the same topic, in its own schema and consumer group.
+    steady = env.sibling("steady")
+    steady.worker()
+
+    victim = env.worker(batch_max_events=200)
+    deadline = time.monotonic() + 90
+    applied = 0
+    while time.monotonic() < deadline:
+        with env.connect() as conn:
+            applied = conn.execute(
+                "SELECT coalesce(sum(next_offset), 0) FROM projection_offsets"
+            ).fetchone()[0]
+        if applied > total * 0.3:
+            break
+        time.sleep(0.05)
+    assert 0 < applied < total, f"kill point missed: {applied} of {total}"
+    victim.kill()
+    env.worker(batch_max_events=200)
+    env.wait_caught_up()
+    steady.wait_caught_up()
+
+    killed, never_stopped = env.checksums(), steady.checksums()
+    assert killed == never_stopped
+    assert sum(c.versions for c in killed.values()) > 5000
