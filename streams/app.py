@@ -30,4 +30,8 @@ def build_app(settings: Settings, worker: str) -> faust.App:
         # Acknowledgement is the agents' job, after the batch is committed and published.
         stream_ack_exceptions=False,
         stream_ack_cancelled_tasks=False,
+        # Do not wait for in-flight events at stop or rebalance: they were not acknowledged,
+        # so they are redelivered, and the tracking offsets in PostgreSQL make that harmless.
+        # (Waiting would hang forever after an agent crash left events unacknowledged.)
+        stream_wait_empty=False,
     )

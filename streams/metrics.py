@@ -7,7 +7,7 @@ observer at the edges (a batch applied, a message dead-lettered), as faust's sen
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -70,6 +70,7 @@ class Metrics:
             current = self._newest_applied.get(projection)
             if current is None or newest_occurred_at > current:
                 self._newest_applied[projection] = newest_occurred_at
+            self.update_staleness(datetime.now(UTC))
         self.batch_seconds.labels(projection).observe(seconds)
 
     def update_staleness(self, now: datetime) -> None:

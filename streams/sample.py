@@ -161,7 +161,9 @@ def sample_memory_stream(
         memory_id = f"mem_{index:05d}"
         subject = ("user", f"user_{rng.randrange(25)}")
         kind = rng.choice(["preference", "fact", "profile", "goal"])
-        expires_at = factory.clock + timedelta(days=1) if rng.random() < 0.05 else None
+        # Some memories have already expired by the time anyone reads them; some never will.
+        lifetime = rng.choice([timedelta(days=1), timedelta(days=3650)])
+        expires_at = factory.clock + lifetime if rng.random() < 0.05 else None
         yield emit(
             factory.proposed(
                 tenant,
@@ -186,6 +188,7 @@ def sample_memory_stream(
                     memory_id,
                     versions[key],
                     {"text": f"corrected {kind} {index}", "weight": rng.randrange(100)},
+                    source=("message", f"conv_{index % 97}/msg_{index}_fix"),
                     verification="crm_field" if rng.random() < 0.5 else None,
                 )
             )

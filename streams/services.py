@@ -15,6 +15,7 @@ from projections.bookkeeping import Conn
 from projections.migrate import migrate
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
+from streams.runner import ProjectionRunner
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,20 @@ class PublisherService(Service):
 
     async def on_stop(self) -> None:
         self.publisher.close()
+
+
+class OutboxService(Service):
+    """Publishes what a previous run committed but did not get to publish, before the agent
+    applies anything new."""
+
+    def __init__(self, runner: ProjectionRunner[Any, Any, Any], **kwargs: Any) -> None:
+        self.runner = runner
+        super().__init__(**kwargs)
+
+    async def on_start(self) -> None:
+        drained = await self.runner.drain_outbox()
+        if drained:
+            log.info("%s: republished %d outbox messages", self.runner.projection.name, drained)
 
 
 class MetricsService(Service):

@@ -41,8 +41,10 @@ class Settings(BaseSettings):
         0.25, description="longest a partial batch waits before it is applied"
     )
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
-    metrics_port: int = Field(
-        9101, description="port of the worker's /metrics endpoint; 0 disables it"
+    metrics_port: int | None = Field(
+        None,
+        description="port of the worker's /metrics endpoint; unset: the kind's own port "
+        "(memory 9101), 0: disabled",
     )
     log_level: str = Field("info", description="worker log level")
 

@@ -20,9 +20,22 @@ from streams.app import build_app
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.runner import ProjectionRunner
-from streams.services import DatabaseService, MetricsService, PublisherService, make_pool
+from streams.services import (
+    DatabaseService,
+    MetricsService,
+    OutboxService,
+    PublisherService,
+    make_pool,
+)
 from streams.settings import Settings
 from topics.schemas import default_schemas
+
+# Each kind has its own port, so that every worker on one host can be scraped.
+METRICS_PORTS = {"memory": 9101}
+
+
+def metrics_port(settings: Settings, kind: str) -> int:
+    return METRICS_PORTS[kind] if settings.metrics_port is None else settings.metrics_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +63,10 @@ def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     return WorkerParts(
         app,
         [
-            MetricsService(metrics, settings.metrics_host, settings.metrics_port),
+            MetricsService(metrics, settings.metrics_host, metrics_port(settings, "memory")),
             DatabaseService(pool),
             PublisherService(publisher),
+            OutboxService(runner),
         ],
         metrics,
     )

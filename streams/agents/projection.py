@@ -42,15 +42,25 @@ def add_projection_agent(
     topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
 
     async def project(stream: faust.StreamT[bytes]) -> None:
-        await runner.drain_outbox()
+        # Nothing may be awaited before the stream is iterated: faust subscribes the topic
+        # when iteration starts, and a late subscription waits 45 s for a resubscribe.
         pending: asyncio.Queue[Events] = asyncio.Queue(maxsize=1)
 
         async def apply_in_order() -> None:
-            while True:
-                events = await pending.get()
-                await runner.apply(to_input(events))
-                for event in events:
-                    await stream.ack(event)
+            try:
+                while True:
+                    events = await pending.get()
+                    await runner.apply(to_input(events))
+                    for event in events:
+                        await stream.ack(event)
+            except Exception as exc:
+                # Transient failures were retried inside the runner; what arrives here is a
+                # bug or a broken environment. Faust would restart the agent and carry on
+                # without it, so stop the whole worker instead: the batch was not
+                # acknowledged, nothing is lost, and the exit is visible to whatever
+                # supervises the process.
+                await app.crash(exc)
+                raise
 
         writer = asyncio.create_task(apply_in_order(), name=f"{runner.projection.name}-writer")
         try:
@@ -58,11 +68,7 @@ def add_projection_agent(
                 batch_max_events, within=batch_max_wait_seconds
             ):
                 # noack_take yields events, not values (faust's annotation says otherwise).
-                handed_over = asyncio.ensure_future(pending.put(cast(Events, batch)))
-                await asyncio.wait({handed_over, writer}, return_when=asyncio.FIRST_COMPLETED)
-                if writer.done():
-                    handed_over.cancel()
-                    writer.result()  # a failed writer fails the agent, and so the worker
+                await pending.put(cast(Events, batch))
         finally:
             writer.cancel()
 

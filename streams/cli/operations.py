@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
+from psycopg import sql
 
+from projections.bookkeeping import Conn
 from projections.migrate import migrate
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import create_topics
@@ -63,10 +65,21 @@ def db() -> None:
 
 
 @db.command("migrate")
+@click.option("--schema", help="create this PostgreSQL schema if needed and migrate it")
 @click.pass_context
-def db_migrate(ctx: click.Context) -> None:
+def db_migrate(ctx: click.Context, schema: str | None) -> None:
     """Apply pending migrations (workers also do this when they start)."""
-    applied = with_connection(settings_of(ctx), migrate)
+
+    async def run(conn: Conn) -> list[str]:
+        if schema:
+            await conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+            )
+            await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            await conn.commit()
+        return await migrate(conn)
+
+    applied = with_connection(settings_of(ctx), run)
     click.echo("applied: " + (", ".join(applied) if applied else "nothing, schema is current"))
 
 

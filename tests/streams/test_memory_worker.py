@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -220,3 +222,52 @@ def test_sigkill_mid_stream_ends_with_the_same_projection(env: Any) -> None:
     killed, never_stopped = env.checksums(), steady.checksums()
     assert killed == never_stopped
     assert sum(c.versions for c in killed.values()) > 5000
+
+
+def test_a_broken_database_stops_the_worker_and_loses_nothing(env: Any) -> None:
+    f = EventFactory()
+    env.produce_events([f.proposed("t1", f"m{i}") for i in range(3)])
+    with env.connect() as conn:
+        conn.execute("ALTER TABLE memory_versions RENAME COLUMN actor_id TO actor_ident")
+    worker = env.worker()
+    assert worker.process is not None
+    # Not a transient failure: the worker exits (for its supervisor to see) instead of
+    # retrying forever or carrying on without its agent.
+    assert worker.process.wait(60) != 0
+    with env.connect() as conn:
+        conn.execute("ALTER TABLE memory_versions RENAME COLUMN actor_ident TO actor_id")
+        assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
+    env.worker()
+    env.wait_caught_up()
+    with env.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 3
+
+
+def test_the_worker_exports_the_contract_metrics(env: Any) -> None:
+    f = EventFactory(clock=datetime.now(UTC))
+    env.produce_events([f.proposed("t1", "m1"), f.verified("t1", "m1", 9)])
+    env.produce(env.topic(MEMORY_EVENTS), [(b"t1:x", b"not json")])
+    port = free_port()
+    env.worker(metrics_port=port)
+    env.wait_caught_up()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert (
+        samples['memproj_events_applied_total{event_type="memory.proposed",projection="memory"}']
+        == 1
+    )
+    assert samples['memproj_events_rejected_total{reason="version_conflict"}'] == 1
+    dlq = f'memproj_dead_letters_total{{error="malformed_json",topic="{env.topic(MEMORY_EVENTS)}"}}'
+    assert samples[dlq] == 1
+    staleness = samples['memproj_projection_staleness_seconds{projection="memory"}']
+    assert 0 <= staleness < 120
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
