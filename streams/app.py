@@ -25,6 +25,9 @@ def build_app(settings: Settings, worker: str) -> faust.App:
         datadir=str(datadir),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        # A killed worker's partitions move to the others after this, not faust's 60 s.
+        broker_session_timeout=settings.kafka_session_timeout_seconds,
+        broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_seconds / 3),
         broker_max_poll_records=settings.batch_max_events,
         stream_buffer_maxsize=settings.batch_max_events * 4,
         # Acknowledgement is the agents' job, after the batch is committed and published.

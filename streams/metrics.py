@@ -55,6 +55,12 @@ class Metrics:
             ["projection", "error"],
             registry=registry,
         )
+        self.redactions = Counter(
+            "memproj_redactions",
+            "credentials masked in conversation content before persistence",
+            ["kind"],
+            registry=registry,
+        )
         self._newest_applied: dict[str, datetime] = {}
 
     def batch_applied(
@@ -86,6 +92,9 @@ class Metrics:
     def redelivered(self, projection: str, kind: str, count: int) -> None:
         if count:
             self.redeliveries.labels(projection, kind).inc(count)
+
+    def redacted(self, kind: str, count: int) -> None:
+        self.redactions.labels(kind).inc(count)
 
     def retried(self, projection: str, error: str) -> None:
         self.batch_retries.labels(projection, error).inc()

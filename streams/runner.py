@@ -93,6 +93,9 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
 
     def outputs(self, outcome: OutcomeT) -> list[OutboxMessage]: ...
 
+    def committed(self, outcome: OutcomeT) -> None:
+        """Called once the batch is committed: projection-specific observations."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchReport:
@@ -200,6 +203,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             ]
             outbox_batch = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
             await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
+        projection.committed(outcome)
         applied_event_types = outcome.applied_event_types()
         for rejection in outcome.rejections:
             self._metrics.rejected(rejection.reason.value)

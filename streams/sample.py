@@ -123,6 +123,65 @@ class EventFactory:
             payload["expected_version"] = expected_version
         return self._envelope("memory.revoked", tenant_id, payload)
 
+    def started(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        owner: tuple[str, str] = ("user", "u1"),
+        *,
+        channel: str = "chat",
+        retention_class: str = "standard",
+        provider_ref: str | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {
+            "conversation_id": conversation_id,
+            "owner": {"type": owner[0], "id": owner[1]},
+            "channel": channel,
+            "retention_class": retention_class,
+        }
+        if provider_ref is not None:
+            payload["provider_conversation_ref"] = provider_ref
+        return self._envelope("conversation.started", tenant_id, payload)
+
+    def message(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        message_id: str,
+        role: str,
+        content: str | list[dict[str, Any]],
+    ) -> RawEvent:
+        """A contract v1 message: ``content`` may be a string or a list of blocks."""
+        return self._envelope(
+            "conversation.message_added",
+            tenant_id,
+            {
+                "conversation_id": conversation_id,
+                "message_id": message_id,
+                "role": role,
+                "content": content,
+            },
+        )
+
+    def summary(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        version: int,
+        text: str,
+        sources: list[str],
+    ) -> RawEvent:
+        return self._envelope(
+            "conversation.summary_updated",
+            tenant_id,
+            {
+                "conversation_id": conversation_id,
+                "summary_version": version,
+                "text": text,
+                "source_message_ids": sources,
+            },
+        )
+
 
 def key_of(event: RawEvent) -> bytes:
     entity_id = event["payload"].get("memory_id") or event["payload"].get("conversation_id")
@@ -171,7 +230,7 @@ def sample_memory_stream(
                 subject,
                 {"text": f"{kind} {index} of {subject[1]}", "weight": rng.randrange(100)},
                 kind=kind,
-                source=("message", f"conv_{index % 97}/msg_{index}"),
+                source=("message", f"conv_{(index // tenants) % 30}/msg_{index % 4 + 1}"),
                 expires_at=expires_at,
             )
         )
@@ -188,7 +247,7 @@ def sample_memory_stream(
                     memory_id,
                     versions[key],
                     {"text": f"corrected {kind} {index}", "weight": rng.randrange(100)},
-                    source=("message", f"conv_{index % 97}/msg_{index}_fix"),
+                    source=("message", f"conv_{(index // tenants) % 30}/msg_{index % 4 + 2}"),
                     verification="crm_field" if rng.random() < 0.5 else None,
                 )
             )
@@ -229,3 +288,73 @@ def _malformed(
     else:
         event = factory.proposed(tenant, f"bad_{index}", value={"blob": "x" * 70_000})
         yield SampleMessage(*to_message(event), "dlq:value_too_large")
+
+
+_CREDENTIALS = (
+    "my api key is sk-live-4f9a8b7c6d5e4f3a2b1c",
+    "use Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.ZGVtbw.c2ln",
+    "the wifi password is Tr0ub4dor&3",
+    "card 4111 1111 1111 1111, expiry 09/29",
+)
+
+
+def sample_conversation_stream(
+    conversations: int = 120, tenants: int = 4, seed: int = 7
+) -> Iterator[SampleMessage]:
+    """Conversations with questions, tool exchanges (some with very large results),
+    summaries citing their sources, credentials to mask, and refusals."""
+    rng = random.Random(seed)
+    factory = EventFactory(id_prefix=f"conv{seed}")
+    sent: list[RawEvent] = []
+
+    def emit(event: RawEvent, expectation: str = "applied") -> SampleMessage:
+        sent.append(event)
+        return SampleMessage(*to_message(event), expectation)
+
+    for index in range(conversations):
+        tenant = f"tenant_{index % tenants}"
+        conversation_id = f"conv_{index // tenants}"
+        owner = ("user", f"user_{rng.randrange(25)}")
+        yield emit(factory.started(tenant, conversation_id, owner, provider_ref=f"thr_{index}"))
+        message_ids: list[str] = []
+        for turn in range(rng.randrange(1, 5)):
+            ask = f"question {turn} in {conversation_id}"
+            if rng.random() < 0.15:
+                ask += " - " + rng.choice(_CREDENTIALS)
+            message_id = f"msg_{len(message_ids) + 1}"
+            message_ids.append(message_id)
+            yield emit(factory.message(tenant, conversation_id, message_id, "user", ask))
+            if rng.random() < 0.5:
+                tool_id = f"tu_{index}_{turn}"
+                message_id = f"msg_{len(message_ids) + 1}"
+                message_ids.append(message_id)
+                use = {"type": "tool_use", "id": tool_id, "name": "search", "input": {"q": ask}}
+                yield emit(factory.message(tenant, conversation_id, message_id, "assistant", [use]))
+                size = rng.choice([40, 400, 9000])
+                result = {"type": "tool_result", "tool_use_id": tool_id, "content": "r" * size}
+                message_id = f"msg_{len(message_ids) + 1}"
+                message_ids.append(message_id)
+                yield emit(factory.message(tenant, conversation_id, message_id, "user", [result]))
+            message_id = f"msg_{len(message_ids) + 1}"
+            message_ids.append(message_id)
+            answer = f"answer {turn} in {conversation_id}"
+            yield emit(factory.message(tenant, conversation_id, message_id, "assistant", answer))
+        if len(message_ids) > 2 and rng.random() < 0.6:
+            sources = message_ids[:-1]
+            yield emit(
+                factory.summary(tenant, conversation_id, 1, "so far: " + conversation_id, sources)
+            )
+        if rng.random() < 0.05:
+            yield emit(
+                factory.summary(tenant, conversation_id, 9, "invented", ["msg_404"]),
+                "unknown_source_message",
+            )
+        if rng.random() < 0.05:
+            yield emit(
+                factory.message(tenant, f"never_started_{index}", "msg_1", "user", "hello?"),
+                "unknown_conversation",
+            )
+        if sent and rng.random() < 0.05:
+            yield SampleMessage(*to_message(rng.choice(sent)), "redelivered")
+        if rng.random() < 0.03:
+            yield SampleMessage(f"{tenant}:{conversation_id}".encode(), b"[]", "dlq:malformed_json")

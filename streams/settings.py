@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from projections.conversation.context import ContextSettings
 from topics.registry import TopicNames
 
 
@@ -23,6 +24,10 @@ class Settings(BaseSettings):
     topic_prefix: str = Field("", description="prefix for every topic name, e.g. 'staging.'")
     group_prefix: str = Field(
         "memproj", description="prefix of consumer group ids (one group per worker)"
+    )
+    kafka_session_timeout_seconds: float = Field(
+        10.0,
+        description="a worker that stops heartbeating is replaced in its group after this long",
     )
     postgres_dsn: str = Field(
         "postgresql://memproj:memproj@127.0.0.1:55432/memproj",
@@ -40,6 +45,12 @@ class Settings(BaseSettings):
     batch_max_wait_seconds: float = Field(
         0.25, description="longest a partial batch waits before it is applied"
     )
+    context_budget_tokens: int = Field(
+        4000, description="context view budget, in approximate tokens (4 characters each)"
+    )
+    context_tool_result_max_chars: int = Field(
+        2000, description="a tool result longer than this is replaced by a notice in the view"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
     metrics_port: int | None = Field(
         None,
@@ -51,6 +62,10 @@ class Settings(BaseSettings):
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    @property
+    def context(self) -> ContextSettings:
+        return ContextSettings(self.context_budget_tokens, self.context_tool_result_max_chars)
 
     def group_id(self, worker: str) -> str:
         return f"{self.group_prefix}-{worker}"

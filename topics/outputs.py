@@ -45,10 +45,17 @@ class RejectionReason(StrEnum):
     REVOKED = "revoked"
     DUPLICATE_MISMATCH = "duplicate_mismatch"
     ERASED = "erased"
+    # Conversation reasons: an addition to the contract's list, on conversation.rejections.
+    UNKNOWN_CONVERSATION = "unknown_conversation"
+    CONVERSATION_EXISTS = "conversation_exists"
+    MESSAGE_EXISTS = "message_exists"
+    STALE_SUMMARY = "stale_summary"
+    UNKNOWN_SOURCE_MESSAGE = "unknown_source_message"
 
 
 class Rejection(Frozen):
-    """A well-formed event that was refused; published on ``memory.rejections``."""
+    """A well-formed event that was refused; published on ``memory.rejections`` (or
+    ``conversation.rejections`` for conversation events)."""
 
     event_id: str
     reason: RejectionReason

@@ -119,6 +119,16 @@ MEMORY_REJECTIONS = TopicSpec(
     "well-formed events that were refused, with the reason",
 )
 
+CONVERSATION_REJECTIONS = TopicSpec(
+    "conversation.rejections",
+    "tenant_id:conversation_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "refused conversation events, with the reason (an addition to the contract)",
+)
+
 INPUT_TOPICS: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS, DELETION_REQUESTS)
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INPUT_TOPICS,
@@ -127,6 +137,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     DELETION_STATUS,
     MEMORY_CURRENT,
     MEMORY_REJECTIONS,
+    CONVERSATION_REJECTIONS,
     *(_dead_letter(spec) for spec in INPUT_TOPICS),
 )
 

@@ -11,6 +11,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from topics.conversation import (
+    ConversationStarted,
+    MessageAdded,
+    SummaryUpdated,
+    message_content_v1_to_v2,
+)
 from topics.envelope import Envelope
 from topics.memory import MEMORY_EVENT_TYPES
 
@@ -66,4 +72,11 @@ class SchemaRegistry:
 
 
 def default_schemas() -> SchemaRegistry:
-    return SchemaRegistry(EventSchema(model) for model in MEMORY_EVENT_TYPES)
+    return SchemaRegistry(
+        [
+            *(EventSchema(model) for model in MEMORY_EVENT_TYPES),
+            EventSchema(ConversationStarted),
+            EventSchema(MessageAdded, 2, {1: message_content_v1_to_v2}),
+            EventSchema(SummaryUpdated),
+        ]
+    )

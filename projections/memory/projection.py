@@ -49,3 +49,6 @@ class MemoryProjection:
             )
             for key, record in outcome.records.items()
         ]
+
+    def committed(self, outcome: BatchResult) -> None:
+        """Nothing memory-specific to report beyond what the runner counts."""

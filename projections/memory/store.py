@@ -101,7 +101,7 @@ async def save_batch(conn: Conn, result: BatchResult) -> None:
         await copy_rows(conn, staging, CURRENT_FIELDS, map(_current_row, result.records.values()))
         updates = ", ".join(f"{column} = EXCLUDED.{column}" for column in _UPDATED_ON_CONFLICT)
         await conn.execute(
-            f"INSERT INTO memories SELECT * FROM {staging}"
+            f"INSERT INTO memories ({RECORD_COLUMNS}) SELECT {RECORD_COLUMNS} FROM {staging}"
             f" ON CONFLICT (tenant_id, memory_id) DO UPDATE SET {updates}".encode()
         )
     if result.versions:

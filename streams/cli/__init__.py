@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from streams.cli.conversation import conversation
 from streams.cli.demo import demo
 from streams.cli.memory import memory, recall
 from streams.cli.operations import db, topics, worker
@@ -20,7 +21,7 @@ def cli(ctx: click.Context) -> None:
     ctx.obj = Settings()
 
 
-for command in (topics, db, worker, recall, memory, demo):
+for command in (topics, db, worker, recall, memory, conversation, demo):
     cli.add_command(command)
 
 

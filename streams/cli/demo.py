@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, LiteralString
 
 import click
 import orjson
@@ -15,9 +15,16 @@ from projections.bookkeeping import Conn
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import producer_config
 from streams.progress import end_offsets, wait_caught_up
-from streams.sample import sample_memory_stream
+from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
-from topics.registry import DLQ_SUFFIX, MEMORY_EVENTS, MEMORY_REJECTIONS
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    CONVERSATION_REJECTIONS,
+    DLQ_SUFFIX,
+    MEMORY_EVENTS,
+    MEMORY_REJECTIONS,
+    TopicSpec,
+)
 
 
 @click.group()
@@ -27,24 +34,33 @@ def demo() -> None:
 
 @demo.command("produce")
 @click.option("--memories", default=1500, show_default=True, help="distinct memories")
+@click.option("--conversations", default=120, show_default=True)
 @click.option("--tenants", default=4, show_default=True)
 @click.option("--seed", default=7, show_default=True)
 @click.pass_context
-def demo_produce(ctx: click.Context, memories: int, tenants: int, seed: int) -> None:
-    """Produce proposals, verifications, corrections, revocations, duplicates, conflicts and
-    malformed messages to memory.events."""
+def demo_produce(
+    ctx: click.Context, memories: int, conversations: int, tenants: int, seed: int
+) -> None:
+    """Produce memory events (proposals, verifications, corrections, revocations, duplicates,
+    conflicts, malformed messages) and conversations (turns, tool exchanges, summaries,
+    credentials to mask, refusals)."""
     settings = settings_of(ctx)
-    topic = settings.topics.name(MEMORY_EVENTS)
     producer = Producer(producer_config(settings.kafka_bootstrap))
-    expectations: Counter[str] = Counter()
-    for message in sample_memory_stream(memories, tenants, seed):
-        producer.produce(topic, message.value, message.key)
-        producer.poll(0)
-        expectations[message.expectation] += 1
+    streams = (
+        (MEMORY_EVENTS, sample_memory_stream(memories, tenants, seed)),
+        (CONVERSATION_EVENTS, sample_conversation_stream(conversations, tenants, seed)),
+    )
+    for spec, messages in streams:
+        topic = settings.topics.name(spec)
+        expectations: Counter[str] = Counter()
+        for message in messages:
+            producer.produce(topic, message.value, message.key)
+            producer.poll(0)
+            expectations[message.expectation] += 1
+        click.echo(f"produced {sum(expectations.values())} messages to {topic}:")
+        for expectation, count in sorted(expectations.items()):
+            click.echo(f"  {count:6}  {expectation}")
     producer.flush(30)
-    click.echo(f"produced {sum(expectations.values())} messages to {topic}:")
-    for expectation, count in sorted(expectations.items()):
-        click.echo(f"  {count:6}  {expectation}")
 
 
 def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None]]:
@@ -71,80 +87,157 @@ def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes
     return records
 
 
-async def _scalar(cursor: Any) -> Any:
-    row = await cursor.fetchone()
-    return row[0]
+async def _rows(conn: Conn, query: LiteralString) -> list[tuple[Any, ...]]:
+    cursor = await conn.execute(query)
+    return await cursor.fetchall()
 
 
-async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict[str, Any]:
-    if wait:
-        await wait_caught_up(
-            conn, settings.kafka_bootstrap, "memory", settings.topics.name(MEMORY_EVENTS)
-        )
-    report: dict[str, Any] = {}
-    cursor = await conn.execute(
-        "SELECT tenant_id, status, count(*) FROM memories GROUP BY 1, 2 ORDER BY 1, 2"
+async def _memory_report(conn: Conn) -> dict[str, Any]:
+    statuses = await _rows(
+        conn, "SELECT tenant_id, status, count(*) FROM memories GROUP BY 1, 2 ORDER BY 1, 2"
     )
-    report["memories"] = [
-        {"tenant": t, "status": s, "count": c} for t, s, c in await cursor.fetchall()
-    ]
-    cursor = await conn.execute(
-        "SELECT count(*) FROM memories WHERE expires_at IS NOT NULL AND expires_at <= now()"
+    ((expired,),) = await _rows(conn, "SELECT count(*) FROM memories WHERE expires_at <= now()")
+    ((versions,),) = await _rows(conn, "SELECT count(*) FROM memory_versions")
+    rejections = await _rows(
+        conn,
+        "SELECT reason, count(*) FROM rejections WHERE projection = 'memory' GROUP BY 1 ORDER BY 1",
     )
-    report["expired"] = await _scalar(cursor)
-    cursor = await conn.execute("SELECT count(*) FROM memory_versions")
-    report["versions"] = await _scalar(cursor)
-    cursor = await conn.execute(
-        "SELECT reason, count(*) FROM rejections WHERE projection = 'memory' GROUP BY 1 ORDER BY 1"
+    example = await _rows(
+        conn,
+        "SELECT tenant_id, subject_type || ':' || subject_id, memory_id FROM memories"
+        " WHERE version >= 3 AND status <> 'revoked' ORDER BY tenant_id, memory_id LIMIT 1",
     )
-    report["rejections"] = dict(await cursor.fetchall())
-    cursor = await conn.execute(
-        "SELECT m.tenant_id, m.subject_type || ':' || m.subject_id, m.memory_id"
-        " FROM memories m WHERE m.version >= 3 AND m.status <> 'revoked'"
-        " ORDER BY m.tenant_id, m.memory_id LIMIT 1"
-    )
-    example = await cursor.fetchone()
-    if example is not None:
+    report: dict[str, Any] = {
+        "by_status": [{"tenant": t, "status": st, "count": c} for t, st, c in statuses],
+        "versions": versions,
+        "expired_now": expired,
+        "rejections": dict(rejections),
+        "try": [],
+    }
+    for tenant, subject, memory_id in example:
         report["try"] = [
-            f"memproj recall --tenant {example[0]} --subject {example[1]} --json",
-            f"memproj memory show --tenant {example[0]} --memory-id {example[2]} --history",
+            f"memproj recall --tenant {tenant} --subject {subject}",
+            f"memproj memory show --tenant {tenant} --memory-id {memory_id} --history",
         ]
     return report
 
 
+async def _conversation_report(conn: Conn) -> dict[str, Any]:
+    ((conversations, messages),) = await _rows(
+        conn, "SELECT count(*), coalesce(sum(message_count), 0) FROM conversations"
+    )
+    ((summaries,),) = await _rows(conn, "SELECT count(*) FROM conversation_summaries")
+    redactions = await _rows(
+        conn,
+        "SELECT key, sum(value::int) FROM conversation_messages, jsonb_each_text(redactions)"
+        " GROUP BY 1 ORDER BY 1",
+    )
+    ((omitted, dropped),) = await _rows(
+        conn,
+        "SELECT coalesce(sum((view->>'omitted_tool_results')::int), 0),"
+        " coalesce(sum((view->>'dropped_units')::int), 0) FROM conversation_context",
+    )
+    rejections = await _rows(
+        conn,
+        "SELECT reason, count(*) FROM rejections WHERE projection = 'conversation'"
+        " GROUP BY 1 ORDER BY 1",
+    )
+    example = await _rows(
+        conn,
+        "SELECT c.tenant_id, c.conversation_id FROM conversations c"
+        " JOIN memories m ON m.tenant_id = c.tenant_id"
+        " AND m.source_conversation_id = c.conversation_id"
+        " WHERE c.summary_version > 0 ORDER BY c.message_count DESC, 1, 2 LIMIT 1",
+    )
+    report: dict[str, Any] = {
+        "conversations": conversations,
+        "messages": messages,
+        "summaries": summaries,
+        "redactions": {kind: int(count) for kind, count in redactions},
+        "context_tool_results_omitted": omitted,
+        "context_units_dropped": dropped,
+        "rejections": dict(rejections),
+        "try": [],
+    }
+    for tenant, conversation_id in example:
+        report["try"] = [
+            f"memproj conversation show --tenant {tenant} --conversation {conversation_id}",
+            f"memproj conversation show --tenant {tenant} --conversation {conversation_id}"
+            " --context",
+            f"memproj conversation memories --tenant {tenant} --conversation {conversation_id}",
+        ]
+    return report
+
+
+async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict[str, Any]:
+    if wait:
+        for spec, projection in ((MEMORY_EVENTS, "memory"), (CONVERSATION_EVENTS, "conversation")):
+            await wait_caught_up(
+                conn, settings.kafka_bootstrap, projection, settings.topics.name(spec)
+            )
+    return {"memory": await _memory_report(conn), "conversation": await _conversation_report(conn)}
+
+
+def _dead_letters(settings: Settings, spec: TopicSpec) -> dict[str, Any]:
+    dead = [
+        orjson.loads(value)
+        for _, value in read_topic(settings, settings.topics.name(spec) + DLQ_SUFFIX)
+        if value
+    ]
+    example = None
+    if dead:
+        example = {k: dead[0][k] for k in ("topic", "partition", "offset", "error_code", "error")}
+        example["original"] = base64.b64decode(dead[0]["original"])[:80].decode(errors="replace")
+    return {"by_error": dict(Counter(d["error_code"] for d in dead)), "example": example}
+
+
 @demo.command("report")
-@click.option("--wait/--no-wait", default=True, help="wait until the worker has caught up")
+@click.option("--wait/--no-wait", default=True, help="wait until the workers have caught up")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def demo_report(ctx: click.Context, wait: bool, as_json: bool) -> None:
-    """What the projection holds, what was rejected and what went to the DLQ."""
+    """What the projections hold, what was rejected and what went to the DLQs."""
     settings = settings_of(ctx)
     report = with_connection(settings, lambda conn: _projection_report(conn, settings, wait))
-    dlq = read_topic(settings, settings.topics.name(MEMORY_EVENTS) + DLQ_SUFFIX)
-    dead = [orjson.loads(value) for _, value in dlq if value]
-    report["dead_letters"] = dict(Counter(d["error_code"] for d in dead))
-    report["dead_letter_example"] = (
-        {k: dead[0][k] for k in ("topic", "partition", "offset", "error_code", "error")}
-        | {"original": base64.b64decode(dead[0]["original"])[:80].decode(errors="replace")}
-        if dead
-        else None
-    )
-    published = read_topic(settings, settings.topics.name(MEMORY_REJECTIONS))
-    report["rejections_published"] = len(published)
+    for section, spec, rejections in (
+        ("memory", MEMORY_EVENTS, MEMORY_REJECTIONS),
+        ("conversation", CONVERSATION_EVENTS, CONVERSATION_REJECTIONS),
+    ):
+        report[section]["dead_letters"] = _dead_letters(settings, spec)
+        published = read_topic(settings, settings.topics.name(rejections))
+        report[section]["rejections_published"] = len(published)
     if as_json:
         echo_json(report)
         return
+    _print_report(report)
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    memory, conversation = report["memory"], report["conversation"]
     click.echo("memory projection (PostgreSQL):")
-    for row in report["memories"]:
+    for row in memory["by_status"]:
         click.echo(f"  {row['tenant']:10} {row['status']:9} {row['count']:6}")
-    click.echo(f"  versions in history: {report['versions']}, expired now: {report['expired']}")
-    click.echo(f"rejections ({report['rejections_published']} on memory.rejections):")
-    for reason, count in report["rejections"].items():
-        click.echo(f"  {reason:20} {count:6}")
-    click.echo(f"dead letters ({len(dead)} on memory.events.dlq):")
-    for code, count in sorted(report["dead_letters"].items()):
-        click.echo(f"  {code:24} {count:6}")
-    if report["dead_letter_example"]:
-        click.echo(f"  e.g. {report['dead_letter_example']}")
-    for command in report.get("try", []):
+    click.echo(f"  versions in history: {memory['versions']}, expired now: {memory['expired_now']}")
+    click.echo("conversation projection (PostgreSQL):")
+    click.echo(
+        f"  {conversation['conversations']} conversations, {conversation['messages']} messages,"
+        f" {conversation['summaries']} summaries"
+    )
+    click.echo(f"  credentials masked before storage: {conversation['redactions']}")
+    click.echo(
+        f"  context views: {conversation['context_tool_results_omitted']} oversized tool results"
+        f" replaced by a notice, {conversation['context_units_dropped']} units over budget"
+    )
+    for name, section in (("memory", memory), ("conversation", conversation)):
+        click.echo(f"{name} rejections ({section['rejections_published']} on {name}.rejections):")
+        for reason, count in section["rejections"].items():
+            click.echo(f"  {reason:24} {count:6}")
+        dead = section["dead_letters"]
+        total = sum(dead["by_error"].values())
+        click.echo(f"{name} dead letters ({total} on {name}.events.dlq):")
+        for code, count in sorted(dead["by_error"].items()):
+            click.echo(f"  {code:24} {count:6}")
+        if dead["example"]:
+            click.echo(f"  e.g. {dead['example']}")
+    for command in memory["try"] + conversation["try"]:
         click.echo(f"try: {command}")

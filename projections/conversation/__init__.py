@@ -1,0 +1,2 @@
+"""The conversation projection: conversations, their messages and summaries with sources, and
+the model-ready context view."""

@@ -1,0 +1,331 @@
+"""The conversation reducer: (event, state) -> decision. Pure: no I/O, no clock.
+
+Messages and summaries are redacted here, before they exist anywhere but the raw topic. A
+summary must cite messages the projection holds; one that cites an unknown message is refused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import singledispatch
+from typing import Any
+
+from projections.conversation.redaction import Redactions, redact_text, redact_value
+from projections.idempotency import EventKey, IdempotencyCheck, ProcessedEvent, Seen
+from topics.conversation import (
+    ContentBlock,
+    ConversationEvent,
+    ConversationStarted,
+    MessageAdded,
+    SummaryUpdated,
+    TextBlock,
+    ToolUseBlock,
+)
+from topics.envelope import Subject
+from topics.outputs import Rejection, RejectionReason
+
+ConversationKey = tuple[str, str]  # (tenant_id, conversation_id)
+MessageKey = tuple[str, str, str]  # (tenant_id, conversation_id, message_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    tenant_id: str
+    conversation_id: str
+    owner_type: str
+    owner_id: str
+    channel: str
+    retention_class: str
+    provider_conversation_ref: str | None
+    started_at: datetime
+    updated_at: datetime
+    last_event_id: str
+    message_count: int = 0
+    summary_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    tenant_id: str
+    conversation_id: str
+    message_id: str
+    seq: int
+    role: str
+    content: tuple[dict[str, Any], ...]  # redacted content blocks, as JSON objects
+    occurred_at: datetime
+    event_id: str
+    redactions: dict[str, int]
+    owner_type: str
+    owner_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRecord:
+    tenant_id: str
+    conversation_id: str
+    summary_version: int
+    text: str  # redacted
+    source_message_ids: tuple[str, ...]
+    occurred_at: datetime
+    event_id: str
+    redactions: dict[str, int]
+    owner_type: str
+    owner_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    records: Mapping[ConversationKey, ConversationRecord]
+    # The message ids already stored, among those this batch adds or cites.
+    messages: frozenset[MessageKey] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    record: ConversationRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    record: ConversationRecord
+    message: MessageRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Summarised:
+    record: ConversationRecord
+    summary: SummaryRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    rejection: Rejection
+
+
+Decision = Started | Appended | Summarised | Refused
+
+
+def _refuse(
+    event: ConversationEvent,
+    reason: RejectionReason,
+    details: str,
+    record: ConversationRecord | None = None,
+) -> Refused:
+    subject = None
+    if record is not None:
+        subject = Subject(type=record.owner_type, id=record.owner_id)
+    elif isinstance(event, ConversationStarted):
+        subject = event.payload.owner
+    return Refused(
+        Rejection(
+            event_id=event.event_id,
+            reason=reason,
+            details=details,
+            tenant_id=event.tenant_id,
+            entity_id=event.entity_id,
+            event_type=event.event_type,
+            occurred_at=event.occurred_at,
+            subject=subject,
+        )
+    )
+
+
+def redact_block(block: ContentBlock, found: Redactions) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": redact_text(block.text, found)}
+    if isinstance(block, ToolUseBlock):
+        return {
+            "type": "tool_use",
+            "id": block.id,
+            "name": block.name,
+            "input": redact_value(block.input, found),
+        }
+    return {
+        "type": "tool_result",
+        "tool_use_id": block.tool_use_id,
+        "content": redact_value(block.content, found),
+        "is_error": block.is_error,
+    }
+
+
+@singledispatch
+def evolve(
+    event: ConversationEvent, record: ConversationRecord | None, known: AbstractSet[MessageKey]
+) -> Decision:
+    raise TypeError(f"no reducer for {type(event).__name__}")
+
+
+@evolve.register
+def _started(
+    event: ConversationStarted, record: ConversationRecord | None, known: AbstractSet[MessageKey]
+) -> Decision:
+    if record is not None:
+        return _refuse(event, RejectionReason.CONVERSATION_EXISTS, "already started", record)
+    payload = event.payload
+    return Started(
+        ConversationRecord(
+            tenant_id=event.tenant_id,
+            conversation_id=payload.conversation_id,
+            owner_type=payload.owner.type,
+            owner_id=payload.owner.id,
+            channel=payload.channel,
+            retention_class=payload.retention_class,
+            provider_conversation_ref=payload.provider_conversation_ref,
+            started_at=event.occurred_at,
+            updated_at=event.occurred_at,
+            last_event_id=event.event_id,
+        )
+    )
+
+
+@evolve.register
+def _message_added(
+    event: MessageAdded, record: ConversationRecord | None, known: AbstractSet[MessageKey]
+) -> Decision:
+    if record is None:
+        return _refuse(event, RejectionReason.UNKNOWN_CONVERSATION, "conversation not started")
+    payload = event.payload
+    if (event.tenant_id, payload.conversation_id, payload.message_id) in known:
+        return _refuse(
+            event,
+            RejectionReason.MESSAGE_EXISTS,
+            f"message {payload.message_id} is already in the conversation",
+            record,
+        )
+    found: Redactions = Counter()
+    content = tuple(redact_block(block, found) for block in payload.content)
+    updated = replace(
+        record,
+        message_count=record.message_count + 1,
+        updated_at=event.occurred_at,
+        last_event_id=event.event_id,
+    )
+    return Appended(
+        updated,
+        MessageRecord(
+            tenant_id=event.tenant_id,
+            conversation_id=payload.conversation_id,
+            message_id=payload.message_id,
+            seq=updated.message_count,
+            role=payload.role,
+            content=content,
+            occurred_at=event.occurred_at,
+            event_id=event.event_id,
+            redactions=dict(found),
+            owner_type=record.owner_type,
+            owner_id=record.owner_id,
+        ),
+    )
+
+
+@evolve.register
+def _summary_updated(
+    event: SummaryUpdated, record: ConversationRecord | None, known: AbstractSet[MessageKey]
+) -> Decision:
+    if record is None:
+        return _refuse(event, RejectionReason.UNKNOWN_CONVERSATION, "conversation not started")
+    payload = event.payload
+    if payload.summary_version <= record.summary_version:
+        return _refuse(
+            event,
+            RejectionReason.STALE_SUMMARY,
+            f"summary_version {payload.summary_version} is not newer than {record.summary_version}",
+            record,
+        )
+    missing = [
+        message_id
+        for message_id in payload.source_message_ids
+        if (event.tenant_id, payload.conversation_id, message_id) not in known
+    ]
+    if missing:
+        return _refuse(
+            event,
+            RejectionReason.UNKNOWN_SOURCE_MESSAGE,
+            f"cites messages the conversation does not hold: {', '.join(missing)}",
+            record,
+        )
+    found: Redactions = Counter()
+    text = redact_text(payload.text, found)
+    updated = replace(
+        record,
+        summary_version=payload.summary_version,
+        updated_at=event.occurred_at,
+        last_event_id=event.event_id,
+    )
+    return Summarised(
+        updated,
+        SummaryRecord(
+            tenant_id=event.tenant_id,
+            conversation_id=payload.conversation_id,
+            summary_version=payload.summary_version,
+            text=text,
+            source_message_ids=payload.source_message_ids,
+            occurred_at=event.occurred_at,
+            event_id=event.event_id,
+            redactions=dict(found),
+            owner_type=record.owner_type,
+            owner_id=record.owner_id,
+        ),
+    )
+
+
+@dataclass(slots=True)
+class BatchResult:
+    records: dict[ConversationKey, ConversationRecord] = field(default_factory=dict)
+    messages: list[MessageRecord] = field(default_factory=list)
+    summaries: list[SummaryRecord] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    processed: list[ProcessedEvent] = field(default_factory=list)
+    redelivered: int = 0
+    applied: list[str] = field(default_factory=list)
+    redactions: Redactions = field(default_factory=Counter)
+
+    def applied_event_types(self) -> list[str]:
+        return self.applied
+
+
+def reduce_batch(
+    events: Iterable[ConversationEvent],
+    state: ConversationState,
+    seen: Mapping[EventKey, bytes],
+) -> BatchResult:
+    result = BatchResult()
+    idempotency = IdempotencyCheck(seen)
+    known = set(state.messages)
+    for event in events:
+        seen_before = idempotency.check(event)
+        if seen_before is Seen.REDELIVERED:
+            continue
+        key = (event.tenant_id, event.conversation_id)
+        record = result.records.get(key) or state.records.get(key)
+        if seen_before is Seen.MISMATCH:
+            result.rejections.append(
+                _refuse(
+                    event,
+                    RejectionReason.DUPLICATE_MISMATCH,
+                    "event_id was seen before with a different body",
+                    record,
+                ).rejection
+            )
+            continue
+        decision = evolve(event, record, known)
+        if isinstance(decision, Refused):
+            result.rejections.append(decision.rejection)
+            continue
+        result.records[key] = decision.record
+        result.applied.append(event.event_type)
+        if isinstance(decision, Appended):
+            message = decision.message
+            known.add((message.tenant_id, message.conversation_id, message.message_id))
+            result.messages.append(message)
+            result.redactions.update(message.redactions)
+        elif isinstance(decision, Summarised):
+            result.summaries.append(decision.summary)
+            result.redactions.update(decision.summary.redactions)
+    result.processed = idempotency.processed
+    result.redelivered = idempotency.redelivered
+    return result

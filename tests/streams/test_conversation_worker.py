@@ -1,0 +1,226 @@
+"""The conversation worker against the real broker and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+
+from projections.conversation import store
+from streams.sample import EventFactory
+from topics.registry import CONVERSATION_EVENTS, CONVERSATION_REJECTIONS, MEMORY_EVENTS
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+SECRETS = {
+    "api_key": "sk-ant-api03-Zx9Yw8Vu7Ts6Rq5Po4Nm",
+    "bearer_token": "Bearer eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.sig",
+    "password": "password: Tr0ub4dor&3",
+    "private_key": (
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0\n-----END PRIVATE KEY-----"
+    ),
+    "card_number": "5555 5555 5555 4444",
+}
+
+
+def read(env: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+    async def run() -> T:
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            return await work(conn)
+
+    return asyncio.run(run())
+
+
+def weather_conversation(f: EventFactory, tenant: str = "acme") -> list[dict[str, Any]]:
+    return [
+        f.started(tenant, "c1", ("user", "alice"), provider_ref="thread_abc"),
+        f.message(tenant, "c1", "m1", "user", "what is the weather in Oslo?"),
+        f.message(
+            tenant,
+            "c1",
+            "m2",
+            "assistant",
+            [
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "tu1", "name": "weather", "input": {"city": "Oslo"}},
+            ],
+        ),
+        f.message(
+            tenant,
+            "c1",
+            "m3",
+            "user",
+            [{"type": "tool_result", "tool_use_id": "tu1", "content": "rain, 9C"}],
+        ),
+        f.message(tenant, "c1", "m4", "assistant", "Rainy and 9C."),
+        f.summary(tenant, "c1", 1, "Alice asked about Oslo weather.", ["m1", "m4"]),
+        f.message(tenant, "c1", "m5", "user", "and the 10-day forecast, in detail?"),
+        f.message(
+            tenant,
+            "c1",
+            "m6",
+            "assistant",
+            [{"type": "tool_use", "id": "tu2", "name": "forecast", "input": {"days": 10}}],
+        ),
+        f.message(
+            tenant,
+            "c1",
+            "m7",
+            "user",
+            [{"type": "tool_result", "tool_use_id": "tu2", "content": "day: rain. " * 900}],
+        ),
+        f.summary(tenant, "c1", 2, "Cites a message that never came.", ["m1", "m99"]),
+    ]
+
+
+def test_messages_summaries_and_the_context_view(env: Any) -> None:
+    f = EventFactory()
+    events = weather_conversation(f)
+    env.produce_events(events, CONVERSATION_EVENTS)
+    env.worker("conversation", context_budget_tokens=3000, context_tool_result_max_chars=500)
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+
+    detail = read(env, lambda c: store.load_conversation(c, "acme", "c1"))
+    assert detail is not None
+    shown = detail.to_json()
+    assert [m["message_id"] for m in shown["messages"]] == [f"m{i}" for i in range(1, 8)]
+    assert [m["seq"] for m in shown["messages"]] == list(range(1, 8))
+    assert shown["conversation"]["provider_conversation_ref"] == "thread_abc"
+    assert shown["conversation"]["owner_id"] == "alice"
+    (summary,) = shown["summaries"]  # version 2 was refused
+    assert [s["message_id"] for s in summary["sources"]] == ["m1", "m4"]
+
+    rejections = [value for _, value in env.read(CONVERSATION_REJECTIONS)]
+    assert [(r["reason"], r["entity_id"]) for r in rejections] == [("unknown_source_message", "c1")]
+    assert "m99" in rejections[0]["details"]
+
+    view = read(env, lambda c: store.load_context(c, "acme", "c1"))
+    assert view is not None
+    roles = [(item["role"], item.get("message_id")) for item in view["items"]]
+    # The summary stands for the finished turn it was built from; the active turn is whole.
+    assert roles == [
+        ("summary", None),
+        ("user", "m5"),
+        ("assistant", "m6"),
+        ("user", "m7"),
+    ]
+    result = view["items"][3]["content"][0]
+    assert result["tool_use_id"] == "tu2" and "omitted" in result["content"]
+    assert view["token_estimate"] <= view["budget_tokens"] == 3000
+    assert view["omitted_tool_results"] == 1
+
+
+def test_redaction_happens_before_postgres_and_is_counted(env: Any) -> None:
+    f = EventFactory()
+    port = free_port()
+    env.produce_events(
+        [
+            f.started("acme", "c_secret"),
+            *[
+                f.message("acme", "c_secret", f"m_{kind}", "user", f"here you go: {secret}")
+                for kind, secret in SECRETS.items()
+            ],
+            f.summary("acme", "c_secret", 1, f"user shared {SECRETS['api_key']}", ["m_api_key"]),
+        ],
+        CONVERSATION_EVENTS,
+    )
+    env.worker("conversation", metrics_port=port)
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+
+    with env.connect() as conn:
+        stored = conn.execute(
+            "SELECT string_agg(content::text || redactions::text, ' ') FROM conversation_messages"
+        ).fetchone()[0]
+        stored += conn.execute(
+            "SELECT string_agg(text, ' ') FROM conversation_summaries"
+        ).fetchone()[0]
+        stored += conn.execute(
+            "SELECT string_agg(view::text, ' ') FROM conversation_context"
+        ).fetchone()[0]
+        counts = dict(
+            conn.execute("SELECT message_id, redactions FROM conversation_messages").fetchall()
+        )
+    for kind, secret in SECRETS.items():
+        core = secret.split()[-1] if kind != "private_key" else "MIIEvQIBADANBgkqhkiG9w0"
+        assert core not in stored, kind
+        assert f"[REDACTED:{kind}]" in stored
+        assert counts[f"m_{kind}"] == {kind: 1}
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'memproj_redactions_total{kind="api_key"} 2.0' in metrics
+    assert 'memproj_redactions_total{kind="card_number"} 1.0' in metrics
+
+
+def test_order_survives_redelivery_and_restarts(env: Any) -> None:
+    f = EventFactory()
+    events = [f.started("acme", "c_long")]
+    events += [
+        f.message("acme", "c_long", f"m{i:03d}", "user" if i % 2 else "assistant", f"line {i}")
+        for i in range(1, 301)
+    ]
+    env.produce_events(events[:150], CONVERSATION_EVENTS)
+    first = env.worker("conversation", batch_max_events=20)
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    first.kill()
+    env.produce_events(events, CONVERSATION_EVENTS)  # the first half again, then the rest
+    env.worker("conversation", batch_max_events=20)
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+
+    with env.connect() as conn:
+        rows = conn.execute(
+            "SELECT message_id, seq FROM conversation_messages ORDER BY seq"
+        ).fetchall()
+        count = conn.execute(
+            "SELECT message_count FROM conversations WHERE conversation_id = 'c_long'"
+        ).fetchone()[0]
+        rejected = conn.execute("SELECT count(*) FROM rejections").fetchone()[0]
+    assert rows == [(f"m{i:03d}", i) for i in range(1, 301)]
+    assert count == 300
+    assert rejected == 0  # redelivered events are recognised, not refused
+
+
+def test_tenant_b_reads_nothing_of_tenant_a(env: Any) -> None:
+    f = EventFactory()
+    env.produce_events(weather_conversation(f, tenant="tenant_a"), CONVERSATION_EVENTS)
+    env.produce_events(
+        [f.proposed("tenant_a", "mem1", ("user", "alice"), source=("message", "c1/m1"))],
+        MEMORY_EVENTS,
+    )
+    env.worker("conversation")
+    env.worker("memory")
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+
+    assert read(env, lambda c: store.load_conversation(c, "tenant_b", "c1")) is None
+    assert read(env, lambda c: store.load_context(c, "tenant_b", "c1")) is None
+    assert read(env, lambda c: store.memories_from_conversation(c, "tenant_b", "c1")) == []
+    assert read(env, lambda c: store.load_conversation(c, "tenant_a", "c1")) is not None
+
+
+def test_memories_derived_from_a_conversation_are_listed_from_it(env: Any) -> None:
+    f = EventFactory()
+    env.produce_events(
+        [
+            f.proposed("acme", "mem_rain", ("user", "alice"), source=("message", "c1/m4")),
+            f.proposed("acme", "mem_other", ("user", "alice"), source=("message", "c2/m1")),
+            f.proposed("acme", "mem_crm", ("user", "alice"), source=("crm", "c1/m4")),
+            f.proposed("acme", "mem_fixed", ("user", "alice"), source=("message", "c9/m1")),
+            f.corrected("acme", "mem_fixed", 1, {"text": "new"}, source=("message", "c1/m7")),
+        ]
+    )
+    env.worker("memory")
+    env.wait_caught_up()
+    found = read(env, lambda c: store.memories_from_conversation(c, "acme", "c1"))
+    assert sorted(r.memory_id for r in found) == ["mem_fixed", "mem_rain"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
