@@ -14,6 +14,7 @@ from enum import Enum
 from topics.envelope import Envelope
 
 EventKey = tuple[str, str]  # (tenant_id, event_id)
+DUPLICATE_MISMATCH = "event_id was seen before with a different body"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from topics.envelope import Frozen, Identifier, Source, Subject, Timestamp
+from topics.envelope import Envelope, Frozen, Identifier, Source, Subject, Timestamp
 
 MemoryStatus = Literal["proposed", "verified", "revoked"]
 
@@ -67,6 +67,25 @@ class Rejection(Frozen):
     occurred_at: Timestamp
     # Whom it is about, where known: lets the deletion ledger find the rejection too.
     subject: Subject | None = None
+
+    @classmethod
+    def of(
+        cls,
+        event: Envelope,
+        reason: RejectionReason,
+        details: str,
+        subject: Subject | None = None,
+    ) -> Rejection:
+        return cls(
+            event_id=event.event_id,
+            reason=reason,
+            details=details,
+            tenant_id=event.tenant_id,
+            entity_id=event.entity_id,
+            event_type=event.event_type,
+            occurred_at=event.occurred_at,
+            subject=subject,
+        )
 
 
 class DeadLetterReason(StrEnum):

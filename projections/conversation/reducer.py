@@ -15,7 +15,13 @@ from functools import singledispatch
 from typing import Any
 
 from projections.conversation.redaction import Redactions, redact_text, redact_value
-from projections.idempotency import EventKey, IdempotencyCheck, ProcessedEvent, Seen
+from projections.idempotency import (
+    DUPLICATE_MISMATCH,
+    EventKey,
+    IdempotencyCheck,
+    ProcessedEvent,
+    Seen,
+)
 from topics.conversation import (
     ContentBlock,
     ConversationEvent,
@@ -120,18 +126,7 @@ def _refuse(
         subject = Subject(type=record.owner_type, id=record.owner_id)
     elif isinstance(event, ConversationStarted):
         subject = event.payload.owner
-    return Refused(
-        Rejection(
-            event_id=event.event_id,
-            reason=reason,
-            details=details,
-            tenant_id=event.tenant_id,
-            entity_id=event.entity_id,
-            event_type=event.event_type,
-            occurred_at=event.occurred_at,
-            subject=subject,
-        )
-    )
+    return Refused(Rejection.of(event, reason, details, subject))
 
 
 def redact_block(block: ContentBlock, found: Redactions) -> dict[str, Any]:
@@ -305,10 +300,7 @@ def reduce_batch(
         if seen_before is Seen.MISMATCH:
             result.rejections.append(
                 _refuse(
-                    event,
-                    RejectionReason.DUPLICATE_MISMATCH,
-                    "event_id was seen before with a different body",
-                    record,
+                    event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH, record
                 ).rejection
             )
             continue

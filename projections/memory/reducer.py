@@ -12,7 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import singledispatch
 
-from projections.idempotency import EventKey, IdempotencyCheck, ProcessedEvent, Seen
+from projections.idempotency import (
+    DUPLICATE_MISMATCH,
+    EventKey,
+    IdempotencyCheck,
+    ProcessedEvent,
+    Seen,
+)
 from topics.memory import (
     MemoryCorrected,
     MemoryEvent,
@@ -58,18 +64,7 @@ def _refuse(
     subject = current.subject if current is not None else None
     if subject is None and isinstance(event, MemoryProposed):
         subject = event.payload.subject
-    return Refused(
-        Rejection(
-            event_id=event.event_id,
-            reason=reason,
-            details=details,
-            tenant_id=event.tenant_id,
-            entity_id=event.entity_id,
-            event_type=event.event_type,
-            occurred_at=event.occurred_at,
-            subject=subject,
-        )
-    )
+    return Refused(Rejection.of(event, reason, details, subject))
 
 
 def _applied(event: MemoryEvent, record: MemoryRecord) -> Applied:
@@ -231,10 +226,7 @@ def reduce_batch(
         if seen_before is Seen.MISMATCH:
             result.rejections.append(
                 _refuse(
-                    event,
-                    RejectionReason.DUPLICATE_MISMATCH,
-                    "event_id was seen before with a different body",
-                    current,
+                    event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH, current
                 ).rejection
             )
             continue
