@@ -58,7 +58,7 @@ def weather_conversation(f: EventFactory, tenant: str = "acme") -> list[dict[str
             [{"type": "tool_result", "tool_use_id": "tu1", "content": "rain, 9C"}],
         ),
         f.message(tenant, "c1", "m4", "assistant", "Rainy and 9C."),
-        f.summary(tenant, "c1", 1, "Alice asked about Oslo weather.", ["m1", "m4"]),
+        f.summary(tenant, "c1", 1, "Alice asked about Oslo weather.", ["m1", "m2"]),
         f.message(tenant, "c1", "m5", "user", "and the 10-day forecast, in detail?"),
         f.message(
             tenant,
@@ -93,7 +93,7 @@ def test_messages_summaries_and_the_context_view(env: Any) -> None:
     assert shown["conversation"]["provider_conversation_ref"] == "thread_abc"
     assert shown["conversation"]["owner_id"] == "alice"
     (summary,) = shown["summaries"]  # version 2 was refused
-    assert [s["message_id"] for s in summary["sources"]] == ["m1", "m4"]
+    assert [s["message_id"] for s in summary["sources"]] == ["m1", "m2"]
 
     rejections = [value for _, value in env.read(CONVERSATION_REJECTIONS)]
     assert [(r["reason"], r["entity_id"]) for r in rejections] == [("unknown_source_message", "c1")]
@@ -102,14 +102,18 @@ def test_messages_summaries_and_the_context_view(env: Any) -> None:
     view = read(env, lambda c: store.load_context(c, "acme", "c1"))
     assert view is not None
     roles = [(item["role"], item.get("message_id")) for item in view["items"]]
-    # The summary stands for the finished turn it was built from; the active turn is whole.
+    # The finished turn is its question and final answer (text only); the active turn is
+    # whole, its tool_use with its tool_result.
     assert roles == [
         ("summary", None),
+        ("user", "m1"),
+        ("assistant", "m4"),
         ("user", "m5"),
         ("assistant", "m6"),
         ("user", "m7"),
     ]
-    result = view["items"][3]["content"][0]
+    assert view["items"][2]["content"] == [{"type": "text", "text": "Rainy and 9C."}]
+    result = view["items"][5]["content"][0]
     assert result["tool_use_id"] == "tu2" and "omitted" in result["content"]
     assert view["token_estimate"] <= view["budget_tokens"] == 3000
     assert view["omitted_tool_results"] == 1
