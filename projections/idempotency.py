@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from topics.envelope import Envelope
+from topics.envelope import EventLike
 
 EventKey = tuple[str, str]  # (tenant_id, event_id)
 DUPLICATE_MISMATCH = "event_id was seen before with a different body"
@@ -39,7 +39,7 @@ class IdempotencyCheck:
     redelivered: int = 0
     _batch: dict[EventKey, bytes] = field(default_factory=dict)
 
-    def check(self, event: Envelope) -> Seen:
+    def check(self, event: EventLike) -> Seen:
         key = (event.tenant_id, event.event_id)
         body_hash = event.body_hash()
         previous = self._batch.get(key) or self.stored.get(key)

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -61,6 +63,44 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
+        self.tombstones_applied = Counter(
+            "memproj_tombstones_applied",
+            "tombstones a derived store has applied and acknowledged",
+            ["store"],
+            registry=registry,
+        )
+        self.items_removed = Counter(
+            "memproj_derived_items_removed",
+            "items removed from a derived store by tombstones",
+            ["store"],
+            registry=registry,
+        )
+        self.deletions_pending = Gauge(
+            "memproj_deletions_pending",
+            "tombstones not yet acknowledged",
+            ["store"],
+            registry=registry,
+        )
+        self.deletion_oldest_pending = Gauge(
+            "memproj_deletion_oldest_pending_seconds",
+            "age of the oldest unacknowledged tombstone",
+            ["store"],
+            registry=registry,
+        )
+        self.deletion_completion = Histogram(
+            "memproj_deletion_completion_seconds",
+            "time from a deletion request to its last acknowledgement",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400),
+            registry=registry,
+        )
+        self._blocked_reads: dict[str, int] = {}
+        registry.register(_BlockedReads(self._blocked_reads))
+        self.index_updates = Counter(
+            "memproj_index_updates",
+            "derived-store index updates by outcome (indexed, removed, stale, erased)",
+            ["store", "outcome"],
+            registry=registry,
+        )
         self._newest_applied: dict[str, datetime] = {}
 
     def batch_applied(
@@ -93,8 +133,49 @@ class Metrics:
         if count:
             self.redeliveries.labels(projection, kind).inc(count)
 
+    def tombstone_applied(self, store: str, removed: int) -> None:
+        self.tombstones_applied.labels(store).inc()
+        self.items_removed.labels(store).inc(removed)
+
+    def deletion_completed(self, seconds: float) -> None:
+        self.deletion_completion.observe(seconds)
+
+    def pending_deletions(
+        self, by_store: dict[str, tuple[int, float]], stores: tuple[str, ...]
+    ) -> None:
+        for store in stores:
+            count, oldest = by_store.get(store, (0, 0.0))
+            self.deletions_pending.labels(store).set(count)
+            self.deletion_oldest_pending.labels(store).set(oldest)
+
+    def blocked_reads(self, totals: dict[str, int]) -> None:
+        """Reads are blocked in whichever process serves them (the CLI, an API); the totals
+        live in PostgreSQL, and the deletion worker exports them from there."""
+        self._blocked_reads.update(totals)
+
+    def index_update(self, store: str, outcome: str, count: int = 1) -> None:
+        if count:
+            self.index_updates.labels(store, outcome).inc(count)
+
     def redacted(self, kind: str, count: int) -> None:
         self.redactions.labels(kind).inc(count)
 
     def retried(self, projection: str, error: str) -> None:
         self.batch_retries.labels(projection, error).inc()
+
+
+class _BlockedReads(Collector):
+    """``memproj_ghost_reads_blocked_total{store}``, from totals kept in PostgreSQL."""
+
+    def __init__(self, totals: dict[str, int]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "memproj_ghost_reads_blocked",
+            "index hits dropped at hydration because they were deleted",
+            labels=["store"],
+        )
+        for store, total in sorted(self._totals.items()):
+            family.add_metric([store], total)
+        yield family

@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
+import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
@@ -37,17 +39,18 @@ from projections.bookkeeping import Conn, OutboxMessage, RejectionRow
 from projections.idempotency import EventKey, ProcessedEvent
 from streams.kafka import KafkaPublisher, PublishFailed
 from streams.metrics import Metrics
-from topics.codec import EventCodec, InvalidMessage, encode
-from topics.envelope import Envelope
+from topics.codec import InvalidMessage, encode
+from topics.envelope import EventLike
 from topics.outputs import DeadLetter, Rejection
 from topics.registry import DLQ_SUFFIX, TopicNames, TopicSpec, entity_key
 
 log = logging.getLogger(__name__)
 
-EventT = TypeVar("EventT", bound=Envelope)
-EventContra = TypeVar("EventContra", bound=Envelope, contravariant=True)
+EventT = TypeVar("EventT", bound=EventLike)
+EventContra = TypeVar("EventContra", bound=EventLike, contravariant=True)
 StateT = TypeVar("StateT")
 OutcomeT = TypeVar("OutcomeT", bound="Outcome")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +77,27 @@ class Outcome(Protocol):
     def applied_event_types(self) -> list[str]: ...
 
 
+class Codec(Protocol):
+    def decode(self, key: bytes | None, value: bytes | None) -> EventLike:
+        """The event, or ``InvalidMessage`` with the reason it goes to the dead-letter topic."""
+        ...
+
+
 class Projection(Protocol[EventContra, StateT, OutcomeT]):
     """The projection-specific half of a worker: state loading, the pure reducer, persistence
     and the messages the new state publishes."""
 
-    name: str
-    input_spec: TopicSpec
-    rejections_spec: TopicSpec
-    codec: EventCodec
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def input_specs(self) -> tuple[TopicSpec, ...]: ...
+
+    @property
+    def rejections_spec(self) -> TopicSpec: ...
+
+    @property
+    def codec(self) -> Codec: ...
 
     async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
 
@@ -129,8 +145,10 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_backoff_seconds: float = 30.0,
+        failpoint: str = "",
     ) -> None:
         self.projection = projection
+        self._kill_after_commit = failpoint == f"{projection.name}:after_commit"
         self._pool = pool
         self._publisher = publisher
         self._topics = topics
@@ -152,6 +170,8 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                 # Once committed, a retry only republishes: the batch is in the database.
                 if committed is None:
                     committed = await self._commit(messages)
+                    if self._kill_after_commit and committed.outbox:
+                        os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
                 await self._publisher.publish(committed.outbox)
                 async with self._pool.connection() as conn:
                     await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
@@ -279,6 +299,21 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             async with self._pool.connection() as conn:
                 await bookkeeping.remove_from_outbox(conn, [outbox_id for outbox_id, _ in pending])
             drained += len(pending)
+
+
+async def retry_transient(
+    what: str, work: Callable[[], Awaitable[T]], max_backoff_seconds: float = 30.0
+) -> T:
+    """Run ``work`` until it succeeds or fails with something other than a transient error."""
+    attempt = 0
+    while True:
+        try:
+            return await work()
+        except RETRYABLE as exc:
+            attempt += 1
+            delay = min(max_backoff_seconds, 0.1 * 2**attempt)
+            log.warning("%s failed (%s), retry %d in %.1fs", what, exc, attempt, delay)
+            await asyncio.sleep(delay)
 
 
 def _next_offsets(messages: Iterable[InputMessage]) -> dict[tuple[str, int], int]:

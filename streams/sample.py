@@ -182,9 +182,26 @@ class EventFactory:
             },
         )
 
+    def deletion(
+        self,
+        tenant_id: str,
+        deletion_id: str,
+        target: dict[str, str],
+        *,
+        reason: str = "user asked to be forgotten",
+        deadline_at: datetime | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {"deletion_id": deletion_id, "target": target, "reason": reason}
+        if deadline_at is not None:
+            payload["deadline_at"] = iso(deadline_at)
+        event = self._envelope("deletion.requested", tenant_id, payload)
+        event["actor"] = {"type": "operator", "id": "privacy_desk"}
+        return event
+
 
 def key_of(event: RawEvent) -> bytes:
-    entity_id = event["payload"].get("memory_id") or event["payload"].get("conversation_id")
+    payload = event["payload"]
+    entity_id = payload.get("memory_id") or payload.get("conversation_id") or payload["deletion_id"]
     return entity_key(event["tenant_id"], entity_id).encode()
 
 

@@ -51,6 +51,18 @@ class Settings(BaseSettings):
     context_tool_result_max_chars: int = Field(
         2000, description="a tool result longer than this is replaced by a notice in the view"
     )
+    deletion_deadline_seconds: float = Field(
+        3600.0, description="a deletion's deadline when the request names none (its SLO)"
+    )
+    deletion_redelivery_seconds: float = Field(
+        30.0, description="an overdue tombstone is redelivered to its store this often"
+    )
+    deletion_check_interval_seconds: float = Field(
+        1.0, description="how often the deletion worker checks deadlines and verifications"
+    )
+    cache_ttl_seconds: int = Field(300, description="lifetime of recall and context cache entries")
+    cache_namespace: str = Field("memproj", description="prefix of every Redis key memproj writes")
+    embedding_dim: int = Field(256, description="dimensions of the default hashing embedder")
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
     metrics_port: int | None = Field(
         None,
@@ -58,10 +70,19 @@ class Settings(BaseSettings):
         "(memory 9101), 0: disabled",
     )
     log_level: str = Field("info", description="worker log level")
+    failpoint: str = Field(
+        "",
+        description="testing aid: '<projection>:after_commit' kills the worker (SIGKILL) right "
+        "after that projection commits a batch and before it publishes the outbox",
+    )
 
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    @property
+    def vector_store_path(self) -> Path:
+        return self.data_dir / "lancedb"
 
     @property
     def context(self) -> ContextSettings:

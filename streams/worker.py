@@ -9,17 +9,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import faust
 from mode import Service
 from prometheus_client import CollectorRegistry
+from psycopg_pool import AsyncConnectionPool
 
+from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.cache.store import connect as connect_redis
 from projections.conversation.projection import ConversationProjection
+from projections.deletion.derived import (
+    CacheStore,
+    ConversationTableStore,
+    DerivedStore,
+    EmbeddingsStore,
+)
+from projections.deletion.projection import LedgerProjection
+from projections.embeddings.embedder import HashingEmbedder
+from projections.embeddings.vectors import LanceVectorStore
 from projections.memory.projection import MemoryProjection
+from streams.agents.cache import add_cache_freshness_agent
+from streams.agents.index import EmbeddingsIndexer, add_index_agent
 from streams.agents.projection import add_projection_agent
+from streams.agents.tombstones import TombstoneHandler, add_tombstone_agent
 from streams.app import build_app
 from streams.kafka import KafkaPublisher
+from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
@@ -30,10 +49,20 @@ from streams.services import (
     make_pool,
 )
 from streams.settings import Settings
+from topics.deletion import STORES, StoreName
+from topics.registry import CONVERSATION_MESSAGES, DELETION_TOMBSTONES, MEMORY_CURRENT
 from topics.schemas import default_schemas
 
 # Each kind has its own port, so that every worker on one host can be scraped.
-METRICS_PORTS = {"memory": 9101, "conversation": 9102}
+METRICS_PORTS = {
+    "memory": 9101,
+    "conversation": 9102,
+    "deletion": 9103,
+    "embeddings": 9104,
+    "summaries": 9105,
+    "cache": 9106,
+    "context": 9107,
+}
 
 
 def metrics_port(settings: Settings, kind: str) -> int:
@@ -47,49 +76,148 @@ class WorkerParts:
     metrics: Metrics
 
 
-def build_projection_worker(
-    settings: Settings, metrics: Metrics, projection: Projection[Any, Any, Any]
-) -> WorkerParts:
-    """A Faust app whose one agent feeds ``projection`` from its input topic."""
-    kind = projection.name
-    app = build_app(settings, kind)
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What every worker of a kind opens once and closes at stop."""
+
+    app: faust.App
+    pool: AsyncConnectionPool[Conn]
+    publisher: KafkaPublisher
+    services: list[Service]
+
+
+def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
     pool = make_pool(settings.postgres_dsn, settings.postgres_pool_size)
     publisher = KafkaPublisher(settings.kafka_bootstrap)
-    runner = ProjectionRunner(projection, pool, publisher, settings.topics, metrics)
+    services: list[Service] = [
+        MetricsService(metrics, settings.metrics_host, metrics_port(settings, kind)),
+        DatabaseService(pool),
+        PublisherService(publisher),
+    ]
+    return Resources(build_app(settings, kind), pool, publisher, services)
+
+
+def build_projection_worker(
+    settings: Settings,
+    metrics: Metrics,
+    projection: Projection[Any, Any, Any],
+    extra_services: Callable[[Resources], list[Service]] = lambda _: [],
+) -> WorkerParts:
+    """A Faust app whose one agent feeds ``projection`` from its input topics."""
+    parts = open_resources(settings, metrics, projection.name)
+    runner = ProjectionRunner(
+        projection,
+        parts.pool,
+        parts.publisher,
+        settings.topics,
+        metrics,
+        failpoint=settings.failpoint,
+    )
     add_projection_agent(
-        app,
-        settings.topics.name(projection.input_spec),
+        parts.app,
+        [settings.topics.name(spec) for spec in projection.input_specs],
         runner,
         settings.batch_max_events,
         settings.batch_max_wait_seconds,
     )
-    return WorkerParts(
-        app,
-        [
-            MetricsService(metrics, settings.metrics_host, metrics_port(settings, kind)),
-            DatabaseService(pool),
-            PublisherService(publisher),
-            OutboxService(runner),
-        ],
-        metrics,
-    )
+    services = [*parts.services, OutboxService(runner), *extra_services(parts)]
+    return WorkerParts(parts.app, services, metrics)
 
 
 def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     projection = MemoryProjection(
-        default_schemas(), settings.topics, settings.max_memory_value_bytes
+        default_schemas(),
+        settings.topics,
+        settings.max_memory_value_bytes,
+        timedelta(seconds=settings.deletion_deadline_seconds),
     )
     return build_projection_worker(settings, metrics, projection)
 
 
 def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    projection = ConversationProjection(default_schemas(), settings.context, metrics)
+    projection = ConversationProjection(
+        default_schemas(), settings.topics, settings.context, metrics
+    )
     return build_projection_worker(settings, metrics, projection)
+
+
+def vector_store(settings: Settings) -> LanceVectorStore:
+    return LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
+
+
+def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
+    """The ledger: requests and acknowledgements, plus redelivery, verification and the
+    deletion metrics."""
+    embedder = HashingEmbedder(settings.embedding_dim)
+    projection = LedgerProjection(
+        default_schemas(),
+        settings.topics,
+        embedder,
+        timedelta(seconds=settings.deletion_deadline_seconds),
+        metrics,
+    )
+
+    def maintenance(parts: Resources) -> list[Service]:
+        return [
+            LedgerMaintenance(
+                parts.pool,
+                parts.publisher,
+                vector_store(settings),
+                RedisCache(
+                    connect_redis(settings.redis_url),
+                    settings.cache_ttl_seconds,
+                    settings.cache_namespace,
+                ),
+                settings.topics,
+                metrics,
+                timedelta(seconds=settings.deletion_check_interval_seconds),
+                timedelta(seconds=settings.deletion_redelivery_seconds),
+            )
+        ]
+
+    return build_projection_worker(settings, metrics, projection, maintenance)
+
+
+def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -> WorkerParts:
+    """A derived store: honours tombstones in its own consumer group, and keeps itself up to
+    date where it is fed by a stream (embeddings, cache)."""
+    parts = open_resources(settings, metrics, store)
+    derived: DerivedStore
+    if store == "embeddings":
+        vectors = vector_store(settings)
+        derived = EmbeddingsStore(vectors)
+        indexer = EmbeddingsIndexer(
+            parts.pool,
+            vectors,
+            HashingEmbedder(settings.embedding_dim),
+            parts.publisher,
+            settings.topics,
+            metrics,
+        )
+        feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
+        add_index_agent(parts.app, feeds, indexer)
+    elif store == "cache":
+        cache = RedisCache(
+            connect_redis(settings.redis_url),
+            settings.cache_ttl_seconds,
+            settings.cache_namespace,
+        )
+        derived = CacheStore(cache)
+        add_cache_freshness_agent(parts.app, settings.topics.name(MEMORY_CURRENT), cache)
+    elif store == "summaries":
+        derived = ConversationTableStore("summaries", "conversation_summaries", parts.pool)
+    else:
+        derived = ConversationTableStore("context", "conversation_context", parts.pool)
+    handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
+    add_tombstone_agent(parts.app, settings.topics.name(DELETION_TOMBSTONES), handler)
+    return WorkerParts(parts.app, parts.services, metrics)
 
 
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
     "memory": build_memory_worker,
     "conversation": build_conversation_worker,
+    "deletion": build_deletion_worker,
+    **{store: partial(build_store_worker, store=store) for store in STORES},
 }
 
 

@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -35,6 +35,7 @@ from streams.settings import Settings
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 BASE = Settings()
 
 
@@ -201,6 +202,30 @@ class Env:
         records = read_topic(self.settings, self.topic(spec) + suffix)
         return [(key, orjson.loads(value) if value else None) for key, value in records]
 
+    def start(self, *kinds: str, **overrides: Any) -> dict[str, WorkerProcess]:
+        return {kind: self.worker(kind, **overrides) for kind in kinds}
+
+    def wait_until(self, check: Callable[[], T | None], what: str, seconds: float = 90) -> T:
+        """Poll ``check`` until it returns something (a readiness check, never a sleep)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            found = check()
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {w.log_path.name}\n{w.log_tail(15)}" for w in self.workers)
+                raise AssertionError(f"timed out waiting for {what}\n{logs}")
+            time.sleep(0.1)
+
+    def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run an async read against this test's schema."""
+
+        async def run() -> T:
+            async with await psycopg.AsyncConnection.connect(self.settings.postgres_dsn) as conn:
+                return await work(conn)
+
+        return asyncio.run(run())
+
     def sibling(self, name: str) -> Env:
         """Another projection of the same topics: its own schema and consumer groups."""
         schema = f"{self.schema}_{name}"
@@ -226,7 +251,10 @@ class Env:
         return asyncio.run(compute())
 
 
-def isolated_settings(stack: Settings, name: str) -> tuple[Settings, str]:
+ALL_WORKERS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
+
+
+def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Settings, str]:
     schema = f"t_{name}"
     dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
     dsn += f"options=-csearch_path%3D{schema}"
@@ -237,6 +265,10 @@ def isolated_settings(stack: Settings, name: str) -> tuple[Settings, str]:
             "postgres_dsn": dsn,
             "metrics_port": 0,
             "batch_max_wait_seconds": 0.05,
+            "data_dir": data_dir,
+            "cache_namespace": f"memproj-{name}",
+            "deletion_check_interval_seconds": 0.2,
+            "deletion_redelivery_seconds": 1.0,
         }
     )
     return settings, schema
@@ -253,7 +285,7 @@ def apply_migrations(dsn: str) -> None:
 @pytest.fixture
 def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
     name = uuid.uuid4().hex[:10]
-    settings, schema = isolated_settings(stack, name)
+    settings, schema = isolated_settings(stack, name, tmp_path / "data")
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args
 
 import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
@@ -41,6 +42,27 @@ class Subject(Wire):
 class Source(Wire):
     type: Identifier
     ref: Reference
+
+
+class EventLike(Protocol):
+    """What the runner, the idempotency check and rejections need of any input event."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def event_id(self) -> str: ...
+
+    @property
+    def entity_id(self) -> str: ...
+
+    @property
+    def event_type(self) -> str: ...
+
+    @property
+    def occurred_at(self) -> datetime: ...
+
+    def body_hash(self) -> bytes: ...
 
 
 class Envelope(Wire):

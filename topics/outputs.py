@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from topics.envelope import Envelope, Frozen, Identifier, Source, Subject, Timestamp
+from topics.envelope import EventLike, Frozen, Identifier, Source, Subject, Timestamp
 
 MemoryStatus = Literal["proposed", "verified", "revoked"]
 
@@ -51,6 +51,9 @@ class RejectionReason(StrEnum):
     MESSAGE_EXISTS = "message_exists"
     STALE_SUMMARY = "stale_summary"
     UNKNOWN_SOURCE_MESSAGE = "unknown_source_message"
+    # Deletion reasons, on deletion.rejections.
+    DELETION_EXISTS = "deletion_exists"
+    UNKNOWN_DELETION = "unknown_deletion"
 
 
 class Rejection(Frozen):
@@ -71,7 +74,7 @@ class Rejection(Frozen):
     @classmethod
     def of(
         cls,
-        event: Envelope,
+        event: EventLike,
         reason: RejectionReason,
         details: str,
         subject: Subject | None = None,

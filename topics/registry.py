@@ -51,15 +51,15 @@ def _input(base_name: str, key: str, description: str) -> TopicSpec:
     )
 
 
-def _dead_letter(input_spec: TopicSpec) -> TopicSpec:
+def _dead_letter(source: TopicSpec) -> TopicSpec:
     return TopicSpec(
-        input_spec.base_name + DLQ_SUFFIX,
+        source.base_name + DLQ_SUFFIX,
         "the original key",
         TopicRole.DEAD_LETTER,
         1,
         CleanupPolicy.DELETE,
         30 * DAY_MS,
-        f"messages from {input_spec.base_name} that are not valid under the contract",
+        f"messages from {source.base_name} that are not valid under the contract",
     )
 
 
@@ -129,6 +129,26 @@ CONVERSATION_REJECTIONS = TopicSpec(
     "refused conversation events, with the reason (an addition to the contract)",
 )
 
+CONVERSATION_MESSAGES = TopicSpec(
+    "conversation.messages",
+    "tenant_id:conversation_id",
+    TopicRole.OUTPUT,
+    6,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "projected (redacted) messages, for derived stores such as embeddings (an addition)",
+)
+
+DELETION_REJECTIONS = TopicSpec(
+    "deletion.rejections",
+    "tenant_id:deletion_id",
+    TopicRole.OUTPUT,
+    3,
+    CleanupPolicy.DELETE,
+    30 * DAY_MS,
+    "refused deletion requests and acknowledgements, with the reason (an addition)",
+)
+
 INPUT_TOPICS: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS, DELETION_REQUESTS)
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INPUT_TOPICS,
@@ -138,7 +158,10 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     MEMORY_CURRENT,
     MEMORY_REJECTIONS,
     CONVERSATION_REJECTIONS,
-    *(_dead_letter(spec) for spec in INPUT_TOPICS),
+    CONVERSATION_MESSAGES,
+    DELETION_REJECTIONS,
+    # Internal topics get dead-letter topics too: a worker never crashes on a bad message.
+    *(_dead_letter(spec) for spec in (*INPUT_TOPICS, DELETION_TOMBSTONES, DELETION_ACKS)),
 )
 
 

@@ -17,6 +17,7 @@ from topics.conversation import (
     SummaryUpdated,
     message_content_v1_to_v2,
 )
+from topics.deletion import DeletionRequested
 from topics.envelope import Envelope
 from topics.memory import MEMORY_EVENT_TYPES
 
@@ -78,5 +79,6 @@ def default_schemas() -> SchemaRegistry:
             EventSchema(ConversationStarted),
             EventSchema(MessageAdded, 2, {1: message_content_v1_to_v2}),
             EventSchema(SummaryUpdated),
+            EventSchema(DeletionRequested),
         ]
     )

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 from typing import Protocol
+
+import orjson
 
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.conversation import store
 from projections.conversation.context import ContextSettings
-from projections.conversation.reducer import BatchResult, ConversationState, reduce_batch
+from projections.conversation.reducer import (
+    BatchResult,
+    ConversationState,
+    erasure_keys,
+    reduce_batch,
+)
+from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
-from topics.registry import CONVERSATION_EVENTS, CONVERSATION_REJECTIONS
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    CONVERSATION_MESSAGES,
+    CONVERSATION_REJECTIONS,
+    TopicNames,
+    TopicSpec,
+    entity_key,
+)
 from topics.schemas import SchemaRegistry
 
 
@@ -22,19 +38,34 @@ class RedactionObserver(Protocol):
 
 class ConversationProjection:
     name = "conversation"
-    input_spec = CONVERSATION_EVENTS
+    input_specs: tuple[TopicSpec, ...] = (CONVERSATION_EVENTS,)
     rejections_spec = CONVERSATION_REJECTIONS
 
     def __init__(
-        self, schemas: SchemaRegistry, context: ContextSettings, observer: RedactionObserver
+        self,
+        schemas: SchemaRegistry,
+        topics: TopicNames,
+        context: ContextSettings,
+        observer: RedactionObserver,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("conversation."))
         self.codec = EventCodec(schemas, accepted)
         self._context = context
         self._observer = observer
+        self._messages_topic = topics.name(CONVERSATION_MESSAGES)
 
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
-        return await store.load_state(conn, events)
+        # Shared tenant locks before the erasure index is read (see projections.deletion.store).
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        state = await store.load_state(conn, events)
+        keys = [
+            key
+            for event in events
+            for key in erasure_keys(
+                event, state.records.get((event.tenant_id, event.conversation_id))
+            )
+        ]
+        return replace(state, erasures=await deletion_store.load_erasures(conn, keys))
 
     def reduce(
         self,
@@ -48,7 +79,15 @@ class ConversationProjection:
         await store.save_batch(conn, outcome, self._context)
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
-        return []  # conversations publish only their rejections (added by the runner)
+        """Each new message, redacted, for the derived stores that index messages."""
+        return [
+            OutboxMessage(
+                self._messages_topic,
+                entity_key(message.tenant_id, message.conversation_id).encode(),
+                orjson.dumps(asdict(message)),
+            )
+            for message in outcome.messages
+        ]
 
     def committed(self, outcome: BatchResult) -> None:
         for kind, count in outcome.redactions.items():

@@ -15,6 +15,13 @@ from functools import singledispatch
 from typing import Any
 
 from projections.conversation.redaction import Redactions, redact_text, redact_value
+from projections.deletion.erasure import (
+    NO_ERASURES,
+    EntityKey,
+    ErasureIndex,
+    conversation_key,
+    subject_key,
+)
 from projections.idempotency import (
     DUPLICATE_MISMATCH,
     EventKey,
@@ -88,6 +95,7 @@ class ConversationState:
     records: Mapping[ConversationKey, ConversationRecord]
     # The message ids already stored, among those this batch adds or cites.
     messages: frozenset[MessageKey] = frozenset()
+    erasures: ErasureIndex = NO_ERASURES
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +276,17 @@ def _summary_updated(
     )
 
 
+def erasure_keys(event: ConversationEvent, record: ConversationRecord | None) -> list[EntityKey]:
+    """The conversation itself and its owner: erasing either covers the event."""
+    keys = [conversation_key(event.tenant_id, event.conversation_id)]
+    if isinstance(event, ConversationStarted):
+        owner = event.payload.owner
+        keys.append(subject_key(event.tenant_id, owner.type, owner.id))
+    elif record is not None:
+        keys.append(subject_key(event.tenant_id, record.owner_type, record.owner_id))
+    return keys
+
+
 @dataclass(slots=True)
 class BatchResult:
     records: dict[ConversationKey, ConversationRecord] = field(default_factory=dict)
@@ -301,6 +320,17 @@ def reduce_batch(
             result.rejections.append(
                 _refuse(
                     event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH, record
+                ).rejection
+            )
+            continue
+        erasure = state.erasures.covering(erasure_keys(event, record), event.occurred_at)
+        if erasure is not None:
+            result.rejections.append(
+                _refuse(
+                    event,
+                    RejectionReason.ERASED,
+                    f"erased by {erasure.deletion_id} (cut-off {erasure.cut_off.isoformat()})",
+                    record,
                 ).rejection
             )
             continue

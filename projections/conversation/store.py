@@ -279,7 +279,7 @@ async def load_conversation(
 
 async def load_context(conn: Conn, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:
     cursor = await conn.execute(
-        "SELECT view, built_at FROM conversation_context"
+        "SELECT view, built_at, owner_type, owner_id FROM conversation_context"
         " WHERE tenant_id = %s AND conversation_id = %s",
         (tenant_id, conversation_id),
     )
@@ -287,7 +287,7 @@ async def load_context(conn: Conn, tenant_id: str, conversation_id: str) -> dict
     if row is None:
         return None
     view: dict[str, Any] = row[0]
-    return {**view, "built_at": row[1].isoformat()}
+    return {**view, "built_at": row[1].isoformat(), "owner": [row[2], row[3]]}
 
 
 async def memories_from_conversation(

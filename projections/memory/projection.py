@@ -3,40 +3,76 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 
 from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import store as deletion_store
+from projections.deletion.erasure import ErasureIndex
+from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
-from projections.memory.reducer import BatchResult, MemoryKey, reduce_batch
+from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
 from topics.codec import EventCodec, encode
 from topics.memory import MemoryEvent
 from topics.outputs import MemoryRecord
-from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS, TopicNames, entity_key
+from topics.registry import (
+    MEMORY_CURRENT,
+    MEMORY_EVENTS,
+    MEMORY_REJECTIONS,
+    TopicNames,
+    TopicSpec,
+    entity_key,
+)
 from topics.schemas import SchemaRegistry
 
-MemoryState = dict[MemoryKey, MemoryRecord]
+
+@dataclass(frozen=True, slots=True)
+class MemoryState:
+    records: dict[MemoryKey, MemoryRecord]
+    erasures: ErasureIndex
 
 
 class MemoryProjection:
     name = "memory"
-    input_spec = MEMORY_EVENTS
+    input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS,)
     rejections_spec = MEMORY_REJECTIONS
 
-    def __init__(self, schemas: SchemaRegistry, topics: TopicNames, max_value_bytes: int) -> None:
+    def __init__(
+        self,
+        schemas: SchemaRegistry,
+        topics: TopicNames,
+        max_value_bytes: int,
+        revocation_deadline: timedelta,
+    ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
         self.codec = EventCodec(schemas, accepted, {"value": max_value_bytes})
+        self._topics = topics
         self._current_topic = topics.name(MEMORY_CURRENT)
+        self._revocation_deadline = revocation_deadline
 
     async def load(self, conn: Conn, events: Sequence[MemoryEvent]) -> MemoryState:
-        return await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
+        # Shared tenant locks first: a deletion of these tenants either committed before this
+        # point (and its erasures are read below) or waits until this batch commits.
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        records = await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
+        keys = [
+            key
+            for event in events
+            for key in erasure_keys(event, records.get((event.tenant_id, event.memory_id)))
+        ]
+        return MemoryState(records, await deletion_store.load_erasures(conn, keys))
 
     def reduce(
         self, events: Sequence[MemoryEvent], state: MemoryState, seen: dict[EventKey, bytes]
     ) -> BatchResult:
-        return reduce_batch(events, state, seen)
+        return reduce_batch(events, state.records, seen, state.erasures, self._revocation_deadline)
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
         await store.save_batch(conn, outcome)
+        # Revocations are recorded in the ledger with this batch: the tombstone is then
+        # published at least once, through the outbox, like every other output.
+        await deletion_store.record_entries(conn, outcome.revocations)
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
         """``memory.current`` gets each changed record once, as the batch left it; a revoked
@@ -48,7 +84,7 @@ class MemoryProjection:
                 None if record.status == "revoked" else encode(record),
             )
             for key, record in outcome.records.items()
-        ]
+        ] + [tombstone_message(self._topics, entry) for entry in outcome.revocations]
 
     def committed(self, outcome: BatchResult) -> None:
         """Nothing memory-specific to report beyond what the runner counts."""

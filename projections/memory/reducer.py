@@ -10,8 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import singledispatch
 
+from projections.deletion.erasure import (
+    NO_ERASURES,
+    EntityKey,
+    ErasureIndex,
+    conversation_key,
+    memory_key,
+    source_conversation,
+    subject_key,
+)
+from projections.deletion.ledger import LedgerEntry, plan_revocation
 from projections.idempotency import (
     DUPLICATE_MISMATCH,
     EventKey,
@@ -201,17 +212,42 @@ class BatchResult:
     processed: list[ProcessedEvent] = field(default_factory=list)
     # Events already decided (same event_id, same body): redeliveries, counted and skipped.
     redelivered: int = 0
+    # Revocations fan out to the derived stores like deletions do.
+    revocations: list[LedgerEntry] = field(default_factory=list)
 
     def applied_event_types(self) -> list[str]:
         return [version.event_type for version in self.versions]
+
+
+def erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> list[EntityKey]:
+    """Everything whose erasure covers this event: the memory, its subject, and the
+    conversation its source (or its new source) points into."""
+    tenant = event.tenant_id
+    keys = [memory_key(tenant, event.memory_id)]
+    subject = event.payload.subject if isinstance(event, MemoryProposed) else None
+    if subject is None and current is not None:
+        subject = current.subject
+    if subject is not None:
+        keys.append(subject_key(tenant, subject.type, subject.id))
+    sources = [current.source] if current is not None else []
+    if isinstance(event, MemoryProposed | MemoryCorrected):
+        sources.append(event.payload.source)
+    for source in sources:
+        conversation = source_conversation(source.type, source.ref)
+        if conversation is not None:
+            keys.append(conversation_key(tenant, conversation))
+    return keys
 
 
 def reduce_batch(
     events: Iterable[MemoryEvent],
     records: Mapping[MemoryKey, MemoryRecord],
     seen: Mapping[EventKey, bytes],
+    erasures: ErasureIndex = NO_ERASURES,
+    revocation_deadline: timedelta = timedelta(hours=1),
 ) -> BatchResult:
-    """Fold ``events`` in order over ``records``; ``seen`` maps processed event ids to hashes.
+    """Fold ``events`` in order over ``records``; ``seen`` maps processed event ids to hashes
+    and ``erasures`` holds the erasures that may cover the batch's events.
 
     Only the records the batch changed are returned; the inputs are not modified.
     """
@@ -221,8 +257,8 @@ def reduce_batch(
         seen_before = idempotency.check(event)
         if seen_before is Seen.REDELIVERED:
             continue
-        memory_key = (event.tenant_id, event.memory_id)
-        current = result.records.get(memory_key) or records.get(memory_key)
+        key = (event.tenant_id, event.memory_id)
+        current = result.records.get(key) or records.get(key)
         if seen_before is Seen.MISMATCH:
             result.rejections.append(
                 _refuse(
@@ -230,12 +266,27 @@ def reduce_batch(
                 ).rejection
             )
             continue
+        erasure = erasures.covering(erasure_keys(event, current), event.occurred_at)
+        if erasure is not None:
+            result.rejections.append(
+                _refuse(
+                    event,
+                    RejectionReason.ERASED,
+                    f"erased by {erasure.deletion_id} (cut-off {erasure.cut_off.isoformat()})",
+                    current,
+                ).rejection
+            )
+            continue
         decision = evolve(event, current)
         if isinstance(decision, Refused):
             result.rejections.append(decision.rejection)
-        else:
-            result.records[memory_key] = decision.version.record
-            result.versions.append(decision.version)
+            continue
+        result.records[key] = decision.version.record
+        result.versions.append(decision.version)
+        if isinstance(event, MemoryRevoked):
+            result.revocations.append(
+                plan_revocation(event, decision.version.record, revocation_deadline)
+            )
     result.processed = idempotency.processed
     result.redelivered = idempotency.redelivered
     return result

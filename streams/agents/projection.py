@@ -34,12 +34,12 @@ def to_input(events: Events) -> list[InputMessage]:
 
 def add_projection_agent(
     app: faust.App,
-    topic_name: str,
+    topic_names: Sequence[str],
     runner: ProjectionRunner[Any, Any, Any],
     batch_max_events: int,
     batch_max_wait_seconds: float,
 ) -> None:
-    topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
+    topic = app.topic(*topic_names, key_type=bytes, value_type=bytes, allow_empty=True)
 
     async def project(stream: faust.StreamT[bytes]) -> None:
         # Nothing may be awaited before the stream is iterated: faust subscribes the topic

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from streams.cli.conversation import conversation
+from streams.cli.deletion import delete, deletion
 from streams.cli.demo import demo
 from streams.cli.memory import memory, recall
 from streams.cli.operations import db, topics, worker
@@ -21,7 +22,7 @@ def cli(ctx: click.Context) -> None:
     ctx.obj = Settings()
 
 
-for command in (topics, db, worker, recall, memory, conversation, demo):
+for command in (topics, db, worker, recall, memory, conversation, delete, deletion, demo):
     cli.add_command(command)
 
 

@@ -8,7 +8,10 @@ from typing import Any
 import click
 
 from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.cache.store import connect as connect_redis
 from projections.conversation import store
+from streams import reads
 from streams.cli.common import echo_json, settings_of, with_connection
 
 
@@ -28,13 +31,20 @@ def conversation_show(
 ) -> None:
     """Messages in order and summaries with their sources, or (--context) the context view."""
 
+    settings = settings_of(ctx)
+
     async def load(conn: Conn) -> dict[str, Any] | None:
         if context:
-            return await store.load_context(conn, tenant, conversation_id)
+            redis = connect_redis(settings.redis_url)
+            try:
+                cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
+                return await reads.context_view(conn, cache, tenant, conversation_id)
+            finally:
+                await redis.aclose()
         detail = await store.load_conversation(conn, tenant, conversation_id)
         return detail.to_json() if detail is not None else None
 
-    shown = with_connection(settings_of(ctx), load)
+    shown = with_connection(settings, load)
     if shown is None:
         raise click.ClickException(f"no conversation {conversation_id!r} for tenant {tenant!r}")
     if as_json:

@@ -8,9 +8,16 @@ from typing import Any
 
 import click
 
+from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.cache.store import connect as connect_redis
+from projections.embeddings.embedder import HashingEmbedder
+from projections.embeddings.vectors import LanceVectorStore
 from projections.memory import store
 from projections.memory.store import RecallQuery
+from streams import reads
 from streams.cli.common import echo_json, settings_of, with_connection
+from streams.reads import Hydrated
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "": "days"}
@@ -41,6 +48,9 @@ def parse_subject(text: str) -> tuple[str, str]:
 )
 @click.option("--max-age", help="only memories observed within this age (30d, 12h, 90m)")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option(
+    "--query", "text", help="semantic recall: candidates from the vector store, then hydrated"
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def recall(
@@ -52,10 +62,12 @@ def recall(
     status: str,
     max_age: str | None,
     limit: int,
+    text: str | None,
     as_json: bool,
 ) -> None:
     """Eligible memories about a subject: never revoked, superseded, expired or another
-    tenant's."""
+    tenant's. With --query, ranked by similarity to TEXT; every candidate from the vector
+    store or the cache is re-read through the projection and the deletion ledger."""
     subject_type, subject_id = parse_subject(subject)
     statuses = tuple(s.strip() for s in status.split(",") if s.strip())
     unknown = set(statuses) - {"verified", "proposed"}
@@ -72,7 +84,24 @@ def recall(
         limit=limit,
     )
     now = datetime.now(UTC)
-    records = with_connection(settings_of(ctx), lambda conn: store.recall(conn, query, now))
+    settings = settings_of(ctx)
+
+    async def read(conn: Conn) -> Hydrated:
+        redis = connect_redis(settings.redis_url)
+        cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
+        try:
+            if text is None:
+                return await reads.recall(conn, cache, query, now)
+            vectors = LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
+            embedder = HashingEmbedder(settings.embedding_dim)
+            return await reads.recall_by_text(conn, vectors, embedder, query, text, now)
+        finally:
+            await redis.aclose()
+
+    hydrated = with_connection(settings, read)
+    records = hydrated.records
+    if hydrated.blocked_total:
+        click.echo(f"hydration guard dropped {dict(hydrated.blocked)}", err=True)
     if as_json:
         echo_json([record.model_dump(mode="json") for record in records])
         return

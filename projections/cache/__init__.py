@@ -1,0 +1,1 @@
+"""The Redis cache of recall results and context views, indexed for deletion."""

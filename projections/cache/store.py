@@ -1,0 +1,327 @@
+"""Redis cache-aside of recall results and context views, indexed so a deletion finds them.
+
+Every entry expires after the cache's TTL and is indexed by each subject, memory and
+conversation it holds, so invalidation needs no scan. ``reachable`` proves a deletion by
+scanning anyway, so an entry written behind the indexes' back is found too.
+
+Keys (every part escaped by ``key_part``)::
+
+    {ns}:cache:{tenant}:recall:{subject_type}:{subject_id}:{query_key}
+    {ns}:cache:{tenant}:context:{conversation_id}
+    {ns}:index:{tenant}:subject:{subject_type}:{subject_id}   a set of cache keys
+    {ns}:index:{tenant}:memory:{memory_id}                    a set of cache keys
+    {ns}:index:{tenant}:conversation:{conversation_id}        a set of cache keys
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+Subject = tuple[str, str]
+
+READ_BATCH = 500
+UNREADABLE: dict[str, Any] = {"unreadable": True}
+
+# ':' separates key parts and '%' starts an escape, so escaping both keeps keys unambiguous
+# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); the others are glob
+# metacharacters, escaped so that no id can widen a SCAN pattern built from a key.
+_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:*?[]\\"})
+_GLOB_ESCAPES = str.maketrans({char: "\\" + char for char in "*?[]\\"})
+
+
+def key_part(text: str) -> str:
+    return text.translate(_KEY_PART_ESCAPES)
+
+
+def build_key(*parts: str) -> str:
+    """The one place a Redis key is made."""
+    return ":".join(map(key_part, parts))
+
+
+def glob_literal(text: str) -> str:
+    return text.translate(_GLOB_ESCAPES)
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """The subjects, memories and conversations a cache entry holds, or a deletion targets."""
+
+    subjects: frozenset[Subject] = frozenset()
+    memory_ids: frozenset[str] = frozenset()
+    conversation_ids: frozenset[str] = frozenset()
+
+    @classmethod
+    def targets(
+        cls, subject: Subject | None, conversation_ids: Sequence[str], memory_ids: Sequence[str]
+    ) -> Holdings:
+        # A bare string is a Sequence[str] too: "conv_1" would target conversations "c", "o", ...
+        # and the proof would then vouch for the wrong ids.
+        if isinstance(conversation_ids, str) or isinstance(memory_ids, str):
+            raise TypeError("conversation_ids and memory_ids take a sequence of ids, not a str")
+        return cls(
+            frozenset() if subject is None else frozenset([(subject[0], subject[1])]),
+            frozenset(memory_ids),
+            frozenset(conversation_ids),
+        )
+
+    def overlaps(self, other: Holdings) -> bool:
+        return bool(
+            self.subjects & other.subjects
+            or self.memory_ids & other.memory_ids
+            or self.conversation_ids & other.conversation_ids
+        )
+
+
+def as_subject(value: Any) -> Subject | None:
+    """A subject as entries store it ([type, id]) or as a memory record does ({type, id})."""
+    if isinstance(value, Mapping):
+        value = (value.get("type"), value.get("id"))
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, str) for v in value)
+    ):
+        return (value[0], value[1])
+    return None
+
+
+def source_conversations(record: Mapping[str, Any]) -> set[str]:
+    """The conversations a memory may have come from: a "message" source's ref is
+    "{conversation_id}/{message_id}". Either id may itself contain '/', so every split counts:
+    invalidating one conversation too many is harmless, missing one leaves a ghost."""
+    source = record.get("source")
+    if not isinstance(source, Mapping) or source.get("type") != "message":
+        return set()
+    ref = source.get("ref")
+    if not isinstance(ref, str):
+        return set()
+    return {ref[:index] for index, char in enumerate(ref) if char == "/" and index > 0}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def holdings_of(entry: Mapping[str, Any]) -> Holdings:
+    """What an entry holds, read from any JSON object so that entries written by someone else
+    are judged by their content, not by how this module writes them."""
+    records = [r for r in _as_list(entry.get("records")) if isinstance(r, Mapping)]
+    subjects = [entry.get("subject"), entry.get("owner"), *(r.get("subject") for r in records)]
+    memory_ids = [*_as_list(entry.get("memory_ids")), *(r.get("memory_id") for r in records)]
+    conversation_ids = [
+        entry.get("conversation_id"),
+        *(c for r in records for c in source_conversations(r)),
+    ]
+    return Holdings(
+        frozenset(s for s in map(as_subject, subjects) if s is not None),
+        frozenset(m for m in memory_ids if isinstance(m, str)),
+        frozenset(c for c in conversation_ids if isinstance(c, str)),
+    )
+
+
+def recall_entry(subject: Subject, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        "subject": list(subject),
+        "memory_ids": [record["memory_id"] for record in records],
+        "records": [dict(record) for record in records],
+    }
+
+
+def context_entry(conversation_id: str, owner: Subject, view: Mapping[str, Any]) -> dict[str, Any]:
+    return {"conversation_id": conversation_id, "owner": list(owner), "view": dict(view)}
+
+
+def decode_entry(value: bytes | str) -> dict[str, Any] | None:
+    """The entry, or None when the value is not a JSON object."""
+    try:
+        entry = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantKeys:
+    namespace: str
+    tenant_id: str
+
+    def recall(self, subject: Subject, query_key: str) -> str:
+        return build_key(self.namespace, "cache", self.tenant_id, "recall", *subject, query_key)
+
+    def context(self, conversation_id: str) -> str:
+        return build_key(self.namespace, "cache", self.tenant_id, "context", conversation_id)
+
+    def cache_pattern(self) -> str:
+        """SCAN pattern matching every cache entry of this tenant and nothing else."""
+        return glob_literal(build_key(self.namespace, "cache", self.tenant_id)) + ":*"
+
+    def subject_index(self, subject: Subject) -> str:
+        return build_key(self.namespace, "index", self.tenant_id, "subject", *subject)
+
+    def memory_index(self, memory_id: str) -> str:
+        return build_key(self.namespace, "index", self.tenant_id, "memory", memory_id)
+
+    def conversation_index(self, conversation_id: str) -> str:
+        return build_key(self.namespace, "index", self.tenant_id, "conversation", conversation_id)
+
+    def indexes(self, holdings: Holdings) -> list[str]:
+        return [
+            *map(self.subject_index, sorted(holdings.subjects)),
+            *map(self.memory_index, sorted(holdings.memory_ids)),
+            *map(self.conversation_index, sorted(holdings.conversation_ids)),
+        ]
+
+
+def connect(url: str) -> Redis:
+    return Redis.from_url(url, decode_responses=False)
+
+
+class RedisCache:
+    """Recall results and context views of every tenant, each entry expiring after
+    ``ttl_seconds`` and indexed under each subject, memory and conversation it holds."""
+
+    def __init__(self, redis: Redis, ttl_seconds: int = 300, namespace: str = "memproj") -> None:
+        if ttl_seconds <= 0:
+            raise ValueError(f"ttl_seconds must be positive, not {ttl_seconds}")
+        self._redis = redis
+        self._ttl_seconds = ttl_seconds
+        self._namespace = namespace
+
+    def _keys(self, tenant_id: str) -> TenantKeys:
+        return TenantKeys(self._namespace, tenant_id)
+
+    async def get_recall(
+        self, tenant_id: str, subject: Subject, query_key: str
+    ) -> list[dict[str, Any]] | None:
+        entry = await self._get(self._keys(tenant_id).recall(subject, query_key))
+        records = entry.get("records") if entry else None
+        return records if isinstance(records, list) else None
+
+    async def put_recall(
+        self,
+        tenant_id: str,
+        subject: Subject,
+        query_key: str,
+        records: Sequence[Mapping[str, Any]],
+    ) -> None:
+        keys = self._keys(tenant_id)
+        await self._put(keys, keys.recall(subject, query_key), recall_entry(subject, records))
+
+    async def get_context(self, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:
+        entry = await self._get(self._keys(tenant_id).context(conversation_id))
+        view = entry.get("view") if entry else None
+        return view if isinstance(view, dict) else None
+
+    async def put_context(
+        self, tenant_id: str, conversation_id: str, owner: Subject, view: Mapping[str, Any]
+    ) -> None:
+        keys = self._keys(tenant_id)
+        entry = context_entry(conversation_id, owner, view)
+        await self._put(keys, keys.context(conversation_id), entry)
+
+    async def invalidate(
+        self,
+        tenant_id: str,
+        *,
+        subject: Subject | None = None,
+        conversation_ids: Sequence[str] = (),
+        memory_ids: Sequence[str] = (),
+    ) -> int:
+        """Delete every entry indexed under any of the targets; the number of entries deleted."""
+        keys = self._keys(tenant_id)
+        targets = Holdings.targets(subject, conversation_ids, memory_ids)
+        members = await self._members(keys.indexes(targets))
+        # A context entry's key is known from its conversation: delete it even if unindexed.
+        doomed = set(map(keys.context, targets.conversation_ids)).union(*members.values())
+        if not doomed:
+            return 0
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(*doomed)
+            # Removing only the members read, rather than deleting the sets, keeps an entry that
+            # a concurrent put indexed meanwhile; Redis drops each set with its last member.
+            for index, found in members.items():
+                if found:
+                    pipe.srem(index, *found)
+            deleted, *_ = await pipe.execute()
+        return int(deleted)
+
+    async def reachable(
+        self,
+        tenant_id: str,
+        *,
+        subject: Subject | None = None,
+        conversation_ids: Sequence[str] = (),
+        memory_ids: Sequence[str] = (),
+    ) -> list[str]:
+        """Keys of the tenant's entries still holding any of the targets, found through the
+        indexes and by scanning every cache key of the tenant. A value that cannot be read as
+        an entry is reported too: nothing proves it does not hold them. Empty: none left."""
+        keys = self._keys(tenant_id)
+        targets = Holdings.targets(subject, conversation_ids, memory_ids)
+        members = await self._members(keys.indexes(targets))
+        candidates = await self._scan(keys.cache_pattern())
+        candidates.update(*members.values())
+        return [
+            key
+            async for key, entry in self._read(candidates)
+            if entry is None or holdings_of(entry).overlaps(targets)
+        ]
+
+    async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every cache entry of the tenant, sorted by key; ``UNREADABLE`` stands for a value
+        that is not an entry."""
+        keys = await self._scan(self._keys(tenant_id).cache_pattern())
+        return [
+            (key, dict(UNREADABLE) if entry is None else entry)
+            async for key, entry in self._read(keys)
+        ]
+
+    async def _get(self, key: str) -> dict[str, Any] | None:
+        value = await self._redis.get(key)
+        return None if value is None else decode_entry(value)
+
+    async def _put(self, keys: TenantKeys, key: str, entry: dict[str, Any]) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, orjson.dumps(entry), ex=self._ttl_seconds)
+            for index in keys.indexes(holdings_of(entry)):
+                pipe.sadd(index, key)
+                # An index must outlive its newest member. GT alone never sets a TTL on a
+                # set just created (Redis counts "no TTL" as infinite), hence NX first.
+                pipe.expire(index, self._ttl_seconds, nx=True)
+                pipe.expire(index, self._ttl_seconds, gt=True)
+            await pipe.execute()
+
+    async def _members(self, indexes: Sequence[str]) -> dict[str, set[str]]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for index in indexes:
+                pipe.smembers(index)
+            found = await pipe.execute()
+        return {
+            index: {member.decode() for member in members}
+            for index, members in zip(indexes, found, strict=True)
+        }
+
+    async def _scan(self, pattern: str) -> set[str]:
+        # A set, because SCAN may return a key more than once.
+        keys = self._redis.scan_iter(match=pattern, count=READ_BATCH)
+        return {key.decode() async for key in keys}
+
+    async def _read(self, keys: Iterable[str]) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+        """Each key that still exists, in order, with its entry (None: not an entry)."""
+        ordered = sorted(keys)
+        for start in range(0, len(ordered), READ_BATCH):
+            batch = ordered[start : start + READ_BATCH]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in batch:
+                    pipe.get(key)
+                # GETs rather than MGET: MGET answers nil for a hash or set written under a
+                # cache key, as if it had expired; GET fails on it instead.
+                values = await pipe.execute(raise_on_error=False)
+            for key, value in zip(batch, values, strict=True):
+                if value is not None:
+                    yield key, decode_entry(value) if isinstance(value, bytes) else None

@@ -1,0 +1,1 @@
+"""Deletion: the ledger of requests and acknowledgements, and the erasure guard."""

@@ -1,0 +1,61 @@
+"""The erasure guard. Pure: decides whether an event or an index update is about something
+erased at or after the time it happened.
+
+Erasure covers events that occurred at or before the request, including those that arrive
+late or are replayed later; events that occur after it are new data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# (tenant_id, entity_type, subject_type, entity_id); subject_type is "" except for subjects.
+EntityKey = tuple[str, str, str, str]
+
+
+def subject_key(tenant_id: str, subject_type: str, subject_id: str) -> EntityKey:
+    return (tenant_id, "subject", subject_type, subject_id)
+
+
+def conversation_key(tenant_id: str, conversation_id: str) -> EntityKey:
+    return (tenant_id, "conversation", "", conversation_id)
+
+
+def memory_key(tenant_id: str, memory_id: str) -> EntityKey:
+    return (tenant_id, "memory", "", memory_id)
+
+
+def source_conversation(source_type: str, source_ref: str) -> str | None:
+    """The conversation a memory's source points into ("<conversation_id>/<message_id>")."""
+    if source_type != "message" or "/" not in source_ref:
+        return None
+    return source_ref.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    deletion_id: str
+    cut_off: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureIndex:
+    """The erasures that matter to one batch: the latest cut-off per erased entity."""
+
+    entries: Mapping[EntityKey, Erasure] = field(default_factory=dict)
+
+    def covering(self, keys: Iterable[EntityKey], occurred_at: datetime) -> Erasure | None:
+        """The erasure of any of ``keys`` whose cut-off is at or after ``occurred_at``."""
+        for key in keys:
+            erasure = self.entries.get(key)
+            if erasure is not None and occurred_at <= erasure.cut_off:
+                return erasure
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+NO_ERASURES = ErasureIndex()

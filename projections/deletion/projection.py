@@ -1,0 +1,165 @@
+"""The deletion ledger as a worker runs it: requests and acknowledgements in, tombstones,
+nulls on ``memory.current`` and completion statuses out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import store
+from projections.deletion.ledger import (
+    LedgerBatch,
+    LedgerEntry,
+    LedgerEvent,
+    RequestKey,
+    RequestState,
+    ResolvedTarget,
+    reduce_ledger,
+    request_key,
+)
+from projections.embeddings.embedder import Embedder
+from projections.idempotency import EventKey
+from topics.codec import EventCodec, InvalidMessage, encode
+from topics.deletion import Acknowledgement, DeletionRequested
+from topics.envelope import EventLike
+from topics.outputs import DeadLetterReason
+from topics.registry import (
+    DELETION_ACKS,
+    DELETION_REJECTIONS,
+    DELETION_REQUESTS,
+    DELETION_STATUS,
+    DELETION_TOMBSTONES,
+    MEMORY_CURRENT,
+    TopicNames,
+    entity_key,
+)
+from topics.schemas import SchemaRegistry
+
+
+class LedgerCodec:
+    """Requests are contract events; acknowledgements are memproj's own records."""
+
+    def __init__(self, schemas: SchemaRegistry) -> None:
+        self._requests = EventCodec(schemas, frozenset({"deletion.requested"}))
+
+    def decode(self, key: bytes | None, value: bytes | None) -> EventLike:
+        if value is None or b'"deletion.acknowledged"' not in value:
+            return self._requests.decode(key, value)
+        try:
+            ack = Acknowledgement.model_validate_json(value)
+        except ValidationError as exc:
+            raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
+        expected = entity_key(ack.tenant_id, ack.deletion_id).encode()
+        if key != expected:
+            raise InvalidMessage(
+                DeadLetterReason.KEY_MISMATCH, f"key {key!r} does not match {expected!r}"
+            )
+        return ack
+
+
+class CompletionObserver(Protocol):
+    def deletion_completed(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerState:
+    states: dict[RequestKey, RequestState]
+    resolved: dict[RequestKey, ResolvedTarget]
+
+
+class LedgerProjection:
+    name = "deletion"
+    input_specs = (DELETION_REQUESTS, DELETION_ACKS)
+    rejections_spec = DELETION_REJECTIONS
+
+    def __init__(
+        self,
+        schemas: SchemaRegistry,
+        topics: TopicNames,
+        embedder: Embedder,
+        default_deadline: timedelta,
+        observer: CompletionObserver,
+    ) -> None:
+        self.codec = LedgerCodec(schemas)
+        self._topics = topics
+        self._embedder = embedder
+        self._default_deadline = default_deadline
+        self._observer = observer
+
+    async def load(self, conn: Conn, events: Sequence[LedgerEvent]) -> LedgerState:
+        requests = [e for e in events if isinstance(e, DeletionRequested)]
+        # Exclusive: no projection batch of these tenants runs between resolving the targets
+        # and committing the erasure, so nothing written meanwhile escapes it.
+        await store.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
+        states = await store.load_states(conn, (request_key(e) for e in events))
+        resolved = {
+            request_key(e): await store.resolve(conn, e.tenant_id, e.payload.target)
+            for e in requests
+            if request_key(e) not in states
+        }
+        return LedgerState(states, resolved)
+
+    def reduce(
+        self, events: Sequence[LedgerEvent], state: LedgerState, seen: dict[EventKey, bytes]
+    ) -> LedgerBatch:
+        return reduce_ledger(events, state.resolved, state.states, seen, self._default_deadline)
+
+    async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
+        await record_and_erase(conn, outcome.entries, self._embedder)
+        await store.save_states(conn, [s for s in outcome.states.values() if s.stores])
+
+    def outputs(self, outcome: LedgerBatch) -> list[OutboxMessage]:
+        messages = [tombstone_message(self._topics, entry) for entry in outcome.entries]
+        current = self._topics.name(MEMORY_CURRENT)
+        messages += [
+            OutboxMessage(current, entity_key(entry.tenant_id, memory_id).encode(), None)
+            for entry in outcome.entries
+            for memory_id in entry.resolved.memories
+        ]
+        messages += [
+            OutboxMessage(
+                self._topics.name(DELETION_STATUS),
+                entity_key(state.tenant_id, state.deletion_id).encode(),
+                encode(state.status("deletion.completed")),
+            )
+            for state in outcome.completed
+        ]
+        return messages
+
+    def committed(self, outcome: LedgerBatch) -> None:
+        for state in outcome.completed:
+            assert state.completed_at is not None
+            self._observer.deletion_completed(
+                (state.completed_at - state.requested_at).total_seconds()
+            )
+
+
+async def record_and_erase(conn: Conn, entries: Sequence[LedgerEntry], embedder: Embedder) -> None:
+    """Record ledger entries and, for erasures, keep probe vectors of the content and erase
+    it from the authoritative projections, all in the caller's transaction."""
+    await store.record_entries(conn, entries)
+    for entry in entries:
+        if entry.kind != "erasure":
+            continue
+        texts = await store.probe_texts(conn, entry)
+        if texts:
+            vectors = embedder.embed([text for _, _, text in texts])
+            await store.record_probes(
+                conn,
+                entry,
+                [(t, i, v) for (t, i, _), v in zip(texts, vectors, strict=True)],
+            )
+        await store.erase(conn, entry)
+
+
+def tombstone_message(topics: TopicNames, entry: LedgerEntry) -> OutboxMessage:
+    return OutboxMessage(
+        topics.name(DELETION_TOMBSTONES),
+        entity_key(entry.tenant_id, entry.deletion_id).encode(),
+        encode(entry.tombstone()),
+    )

@@ -1,0 +1,488 @@
+"""PostgreSQL side of deletion: tenant locks, the erasure index, resolving a target into its
+items, recording ledger entries, erasing authoritative rows, and the ledger's reads.
+
+Consistency with the projections rests on one lock per tenant: a deletion takes it
+exclusively for its transaction; every projection batch, index update and cache fill takes it
+shared before it reads the erasure index. A write either commits before the deletion (and the
+deletion then removes it) or sees the erasure (and is refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from projections.bookkeeping import Conn, copy_rows
+from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
+from projections.deletion.ledger import (
+    LedgerEntry,
+    RequestKey,
+    RequestState,
+    ResolvedTarget,
+)
+from projections.embeddings.embedder import memory_text, message_text
+from topics.deletion import DeletionTarget, StoreState, Tombstone
+
+
+async def lock_tenants(conn: Conn, tenants: Iterable[str], *, exclusive: bool) -> None:
+    """Take the tenant locks for this transaction, in a fixed order (no deadlocks)."""
+    ordered = sorted(set(tenants))
+    if not ordered:
+        return
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    await conn.execute(
+        f"SELECT {function}(hashtextextended('memproj:tenant:' || t, 0))"
+        " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, n) ORDER BY n",
+        (ordered,),
+    )
+
+
+async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
+    wanted = sorted(set(keys))
+    if not wanted:
+        return ErasureIndex()
+    cursor = await conn.execute(
+        "SELECT e.tenant_id, e.entity_type, e.subject_type, e.entity_id, e.deletion_id, e.cut_off"
+        " FROM erased_entities e JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
+        " AS k(tenant_id, entity_type, subject_type, entity_id)"
+        " USING (tenant_id, entity_type, subject_type, entity_id)",
+        [list(column) for column in zip(*wanted, strict=True)],
+    )
+    entries: dict[EntityKey, Erasure] = {}
+    for (
+        tenant,
+        entity_type,
+        subject_type,
+        entity_id,
+        deletion_id,
+        cut_off,
+    ) in await cursor.fetchall():
+        key = (tenant, entity_type, subject_type, entity_id)
+        known = entries.get(key)
+        if known is None or cut_off > known.cut_off:
+            entries[key] = Erasure(deletion_id, cut_off)
+    return ErasureIndex(entries)
+
+
+async def _column(conn: Conn, query: str, params: Sequence[Any]) -> list[Any]:
+    cursor = await conn.execute(query.encode(), params)
+    return [row[0] if len(row) == 1 else tuple(row) for row in await cursor.fetchall()]
+
+
+async def resolve(conn: Conn, tenant_id: str, target: DeletionTarget) -> ResolvedTarget:
+    """Everything the target covers: for a subject, its memories and the conversations it owns;
+    for a conversation, its messages, summaries and context view; for both, the memories
+    whose source points into those conversations."""
+    if target.type == "memory":
+        return ResolvedTarget(memories=(target.id,))
+    if target.type == "subject":
+        owner = (tenant_id, target.subject_type, target.id)
+        conversations = await _column(
+            conn,
+            "SELECT conversation_id FROM conversations"
+            " WHERE tenant_id = %s AND owner_type = %s AND owner_id = %s ORDER BY 1",
+            owner,
+        )
+        about = await _column(
+            conn,
+            "SELECT memory_id FROM memories"
+            " WHERE tenant_id = %s AND subject_type = %s AND subject_id = %s",
+            owner,
+        )
+    else:
+        conversations, about = [target.id], []
+    derived = await _column(
+        conn,
+        "SELECT memory_id FROM memories WHERE tenant_id = %s AND source_conversation_id = ANY(%s)",
+        (tenant_id, conversations),
+    )
+    scope = (tenant_id, conversations)
+    return ResolvedTarget(
+        memories=tuple(sorted({*about, *derived})),
+        conversations=tuple(conversations),
+        messages=tuple(
+            await _column(
+                conn,
+                "SELECT conversation_id, message_id FROM conversation_messages"
+                " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1, seq",
+                scope,
+            )
+        ),
+        summaries=tuple(
+            await _column(
+                conn,
+                "SELECT conversation_id, summary_version FROM conversation_summaries"
+                " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1, 2",
+                scope,
+            )
+        ),
+        contexts=tuple(
+            await _column(
+                conn,
+                "SELECT conversation_id FROM conversation_context"
+                " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1",
+                scope,
+            )
+        ),
+    )
+
+
+async def probe_texts(conn: Conn, entry: LedgerEntry) -> list[tuple[str, str, str]]:
+    """The text of every erased memory and message, read before it is erased, so that the
+    verification probe can later search the vector store for it. Returned, never stored."""
+    tenant = entry.tenant_id
+    memories = await _column(
+        conn,
+        "SELECT memory_id, kind, value FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+        (tenant, list(entry.resolved.memories)),
+    )
+    messages = await _column(
+        conn,
+        "SELECT conversation_id || '/' || message_id, content FROM conversation_messages"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        (tenant, list(entry.resolved.conversations)),
+    )
+
+    return [
+        ("memory", memory_id, memory_text(value, kind)) for memory_id, kind, value in memories
+    ] + [("message", message_id, message_text(content)) for message_id, content in messages]
+
+
+REQUEST_COLUMNS = (
+    "tenant_id", "deletion_id", "kind", "target_type", "target_id", "subject_type", "reason",
+    "cut_off", "deadline_at", "required_stores", "status", "request_event_id", "tombstone",
+)  # fmt: skip
+
+
+def _request_row(e: LedgerEntry) -> tuple[Any, ...]:
+    return (
+        e.tenant_id, e.deletion_id, e.kind, e.target.type, e.target.id, e.target.subject_type,
+        e.reason, e.cut_off, e.deadline_at, list(e.required_stores), "pending",
+        e.request_event_id, e.tombstone().model_dump_json(),
+    )  # fmt: skip
+
+
+async def record_entries(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
+    """The requests, their items, the erasure index rows and one pending ack per store."""
+    if not entries:
+        return
+    await copy_rows(
+        conn,
+        "deletion_requests",
+        REQUEST_COLUMNS,
+        map(_request_row, entries),
+    )
+    await copy_rows(
+        conn,
+        "deletion_items",
+        ("tenant_id", "deletion_id", "item_type", "item_id", "conversation_id"),
+        (
+            (e.tenant_id, e.deletion_id, item.type, item.id, item.conversation_id or "")
+            for e in entries
+            for item in e.resolved.items()
+        ),
+    )
+    await copy_rows(
+        conn,
+        "erased_entities",
+        ("tenant_id", "entity_type", "subject_type", "entity_id", "cut_off", "deletion_id"),
+        ((*key, e.cut_off, e.deletion_id) for e in entries for key in e.erased),
+    )
+    await copy_rows(
+        conn,
+        "deletion_store_acks",
+        ("tenant_id", "deletion_id", "store", "status", "deadline_at"),
+        (
+            (e.tenant_id, e.deletion_id, store, "pending", e.deadline_at)
+            for e in entries
+            for store in e.required_stores
+        ),
+    )
+
+
+async def record_probes(
+    conn: Conn, entry: LedgerEntry, vectors: Sequence[tuple[str, str, Sequence[float]]]
+) -> None:
+    await copy_rows(
+        conn,
+        "deletion_probes",
+        ("tenant_id", "deletion_id", "item_type", "item_id", "vector"),
+        ((entry.tenant_id, entry.deletion_id, t, i, list(v)) for t, i, v in vectors),
+    )
+
+
+async def erase(conn: Conn, entry: LedgerEntry) -> None:
+    """Remove the entry's items from the authoritative projections. Summaries and context
+    views are derived stores: their own workers remove them when the tombstone arrives."""
+    tenant = entry.tenant_id
+    memories = list(entry.resolved.memories)
+    conversations = list(entry.resolved.conversations)
+    await conn.execute(
+        "DELETE FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)", (tenant, memories)
+    )
+    await conn.execute(
+        "DELETE FROM memory_versions WHERE tenant_id = %s"
+        " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
+        (tenant, memories, conversations),
+    )
+    await conn.execute(
+        "DELETE FROM conversation_messages WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        (tenant, conversations),
+    )
+    await conn.execute(
+        "DELETE FROM conversations WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        (tenant, conversations),
+    )
+    subject = entry.target.subject()
+    await conn.execute(
+        "DELETE FROM rejections WHERE tenant_id = %s AND (entity_id = ANY(%s)"
+        " OR (subject_type = %s AND subject_id = %s))",
+        (
+            tenant,
+            [*memories, *conversations],
+            subject.type if subject else None,
+            subject.id if subject else None,
+        ),
+    )
+
+
+async def load_states(conn: Conn, keys: Iterable[RequestKey]) -> dict[RequestKey, RequestState]:
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    columns = [list(column) for column in zip(*wanted, strict=True)]
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id,"
+            " r.subject_type, r.cut_off, r.completed_at FROM deletion_requests r"
+            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
+            " USING (tenant_id, deletion_id)",
+            columns,
+        )
+        requests = await cursor.fetchall()
+        await cursor.execute(
+            "SELECT a.* FROM deletion_store_acks a"
+            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
+            " USING (tenant_id, deletion_id)",
+            columns,
+        )
+        acks = await cursor.fetchall()
+    stores: dict[RequestKey, dict[str, StoreState]] = {}
+    for ack in acks:
+        stores.setdefault((ack["tenant_id"], ack["deletion_id"]), {})[ack["store"]] = _store_state(
+            ack
+        )
+    return {
+        (r["tenant_id"], r["deletion_id"]): RequestState(
+            tenant_id=r["tenant_id"],
+            deletion_id=r["deletion_id"],
+            kind=r["kind"],
+            target=DeletionTarget(
+                type=r["target_type"], id=r["target_id"], subject_type=r["subject_type"]
+            ),
+            requested_at=r["cut_off"],
+            completed_at=r["completed_at"],
+            stores=stores.get((r["tenant_id"], r["deletion_id"]), {}),
+        )
+        for r in requests
+    }
+
+
+def _store_state(row: Mapping[str, Any]) -> StoreState:
+    return StoreState(
+        status=row["status"],
+        deadline_at=row["deadline_at"],
+        acked_at=row["acked_at"],
+        removed_count=row["removed_count"],
+        attempts=row["attempts"],
+        redeliveries=row["redeliveries"],
+        error=row["error"],
+    )
+
+
+async def save_states(conn: Conn, states: Sequence[RequestState]) -> None:
+    acks = [
+        (ack.status, ack.acked_at, ack.removed_count, ack.attempts, ack.error, *key)
+        for state in states
+        for key, ack in _store_keys(state)
+    ]
+    completed = [(s.completed_at, s.tenant_id, s.deletion_id) for s in states if s.completed]
+    async with conn.cursor() as cursor:
+        if acks:
+            await cursor.executemany(
+                "UPDATE deletion_store_acks SET status = %s, acked_at = %s,"
+                " removed_count = %s, attempts = %s, error = %s"
+                " WHERE tenant_id = %s AND deletion_id = %s AND store = %s",
+                acks,
+            )
+        if completed:
+            await cursor.executemany(
+                "UPDATE deletion_requests SET status = 'completed', completed_at = %s"
+                " WHERE tenant_id = %s AND deletion_id = %s AND status = 'pending'",
+                completed,
+            )
+
+
+def _store_keys(state: RequestState) -> list[tuple[tuple[str, str, str], StoreState]]:
+    return [
+        ((state.tenant_id, state.deletion_id, store), ack) for store, ack in state.stores.items()
+    ]
+
+
+async def tombstone_of(conn: Conn, tenant_id: str, deletion_id: str) -> Tombstone:
+    cursor = await conn.execute(
+        "SELECT tombstone FROM deletion_requests WHERE tenant_id = %s AND deletion_id = %s",
+        (tenant_id, deletion_id),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return Tombstone.model_validate(row[0])
+
+
+async def overdue(
+    conn: Conn, now: datetime, redelivery_interval: timedelta
+) -> list[tuple[str, str, str]]:
+    """(tenant, deletion_id, store) not acknowledged by their deadline, and not redelivered
+    within the last interval. Locks the rows for the caller's transaction."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, deletion_id, store FROM deletion_store_acks"
+        " WHERE status <> 'done' AND deadline_at < %s"
+        " AND (last_redelivered_at IS NULL OR last_redelivered_at < %s)"
+        " ORDER BY deadline_at FOR UPDATE SKIP LOCKED",
+        (now, now - redelivery_interval),
+    )
+    return [(row[0], row[1], row[2]) for row in await cursor.fetchall()]
+
+
+async def mark_redelivered(conn: Conn, rows: Sequence[tuple[str, str, str]], now: datetime) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "UPDATE deletion_store_acks SET redeliveries = redeliveries + 1,"
+            " last_redelivered_at = %s WHERE tenant_id = %s AND deletion_id = %s AND store = %s",
+            [(now, *row) for row in rows],
+        )
+
+
+async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[str, Any] | None:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT tenant_id, deletion_id, kind, target_type, target_id, subject_type, reason,"
+            " cut_off, recorded_at, deadline_at, required_stores, status, completed_at,"
+            " verification, verified_at FROM deletion_requests"
+            " WHERE tenant_id = %s AND deletion_id = %s",
+            (tenant_id, deletion_id),
+        )
+        request = await cursor.fetchone()
+        if request is None:
+            return None
+        await cursor.execute(
+            "SELECT store, status, deadline_at, acked_at, removed_count, attempts, redeliveries,"
+            " last_redelivered_at, error FROM deletion_store_acks"
+            " WHERE tenant_id = %s AND deletion_id = %s ORDER BY store",
+            (tenant_id, deletion_id),
+        )
+        stores = {row.pop("store"): row for row in await cursor.fetchall()}
+        await cursor.execute(
+            "SELECT item_type, count(*) AS n FROM deletion_items"
+            " WHERE tenant_id = %s AND deletion_id = %s GROUP BY 1 ORDER BY 1",
+            (tenant_id, deletion_id),
+        )
+        items = {row["item_type"]: row["n"] for row in await cursor.fetchall()}
+    requested = request["cut_off"]
+    for state in stores.values():
+        if state["acked_at"] is not None:
+            state["seconds_to_ack"] = (state["acked_at"] - requested).total_seconds()
+    if request["completed_at"] is not None:
+        request["seconds_to_complete"] = (request["completed_at"] - requested).total_seconds()
+    return {**request, "items": items, "stores": stores}
+
+
+async def tenants_of(conn: Conn, deletion_id: str) -> list[str]:
+    cursor = await conn.execute(
+        "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1", (deletion_id,)
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def list_requests(
+    conn: Conn, tenant_id: str | None, pending_only: bool, limit: int = 100
+) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
+            " r.cut_off, r.deadline_at, r.completed_at, r.verified_at,"
+            " coalesce(array_agg(a.store ORDER BY a.store)"
+            "   FILTER (WHERE a.status <> 'done'), '{}') AS waiting_for"
+            " FROM deletion_requests r JOIN deletion_store_acks a USING (tenant_id, deletion_id)"
+            " WHERE (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s)"
+            " AND (NOT %(pending)s OR r.status = 'pending')"
+            " GROUP BY r.tenant_id, r.deletion_id ORDER BY r.cut_off DESC LIMIT %(limit)s",
+            {"tenant": tenant_id, "pending": pending_only, "limit": limit},
+        )
+        return list(await cursor.fetchall())
+
+
+async def unverified(conn: Conn, limit: int = 20) -> list[tuple[str, str]]:
+    cursor = await conn.execute(
+        "SELECT tenant_id, deletion_id FROM deletion_requests"
+        " WHERE status = 'completed' AND verified_at IS NULL ORDER BY completed_at LIMIT %s",
+        (limit,),
+    )
+    return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+async def load_probes(
+    conn: Conn, tenant_id: str, deletion_id: str
+) -> list[tuple[str, str, list[float]]]:
+    cursor = await conn.execute(
+        "SELECT item_type, item_id, vector FROM deletion_probes"
+        " WHERE tenant_id = %s AND deletion_id = %s",
+        (tenant_id, deletion_id),
+    )
+    return [(row[0], row[1], list(row[2])) for row in await cursor.fetchall()]
+
+
+async def save_verification(
+    conn: Conn, tenant_id: str, deletion_id: str, result: Mapping[str, Any], now: datetime
+) -> None:
+    from psycopg.types.json import Jsonb
+
+    await conn.execute(
+        "UPDATE deletion_requests SET verification = %s, verified_at = %s"
+        " WHERE tenant_id = %s AND deletion_id = %s",
+        (Jsonb(dict(result)), now, tenant_id, deletion_id),
+    )
+    await conn.execute(
+        "DELETE FROM deletion_probes WHERE tenant_id = %s AND deletion_id = %s",
+        (tenant_id, deletion_id),
+    )
+
+
+async def count_blocked_read(conn: Conn, store: str, count: int) -> None:
+    if count:
+        await conn.execute(
+            "INSERT INTO ghost_reads_blocked (store, blocked) VALUES (%s, %s)"
+            " ON CONFLICT (store) DO UPDATE SET blocked = ghost_reads_blocked.blocked + %s",
+            (store, count, count),
+        )
+
+
+async def blocked_reads(conn: Conn) -> dict[str, int]:
+    cursor = await conn.execute("SELECT store, blocked FROM ghost_reads_blocked")
+    return {row[0]: int(row[1]) for row in await cursor.fetchall()}
+
+
+async def pending_by_store(conn: Conn, now: datetime) -> dict[str, tuple[int, float]]:
+    """Per store: tombstones not yet acknowledged, and the age of the oldest in seconds."""
+    cursor = await conn.execute(
+        "SELECT a.store, count(*), min(r.cut_off) FROM deletion_store_acks a"
+        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE a.status <> 'done' GROUP BY a.store"
+    )
+    return {
+        row[0]: (int(row[1]), max(0.0, (now - row[2]).total_seconds()))
+        for row in await cursor.fetchall()
+    }

@@ -1,0 +1,1 @@
+"""Embeddings: the deterministic default embedder and the vector store adapters."""

@@ -1,0 +1,182 @@
+"""The agent that keeps the embeddings store in step with the projections.
+
+Each batch of index updates is decided under the shared tenant locks, against the erasure
+index and the authoritative versions read in the same transaction (see
+``projections.deletion.store``), and written to the vector store before that transaction
+ends: a deletion of the tenant either sees these vectors and removes them, or committed first
+and they are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from functools import partial
+from typing import cast
+
+import faust
+import orjson
+from psycopg_pool import AsyncConnectionPool
+from pydantic import ValidationError
+
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import store as deletion_store
+from projections.embeddings.embedder import Embedder
+from projections.embeddings.indexer import (
+    Authoritative,
+    IndexUpdate,
+    MemoryUpdate,
+    MessageUpdate,
+    erasure_keys,
+    plan_index,
+)
+from projections.embeddings.vectors import VectorStore
+from streams.kafka import KafkaPublisher
+from streams.metrics import Metrics
+from streams.runner import retry_transient
+from topics.codec import encode
+from topics.outputs import MemoryRecord
+from topics.registry import (
+    CONVERSATION_REJECTIONS,
+    MEMORY_CURRENT,
+    MEMORY_REJECTIONS,
+    TopicNames,
+    entity_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingsIndexer:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        vectors: VectorStore,
+        embedder: Embedder,
+        publisher: KafkaPublisher,
+        topics: TopicNames,
+        metrics: Metrics,
+    ) -> None:
+        self._pool = pool
+        self._vectors = vectors
+        self._embedder = embedder
+        self._publisher = publisher
+        self._topics = topics
+        self._metrics = metrics
+        self._memory_topic = topics.name(MEMORY_CURRENT)
+
+    def decode(self, message: faust.types.tuples.Message) -> IndexUpdate | None:
+        try:
+            if message.topic == self._memory_topic:
+                tenant_id, _, memory_id = (message.key or b"").decode().partition(":")
+                record = MemoryRecord.model_validate_json(message.value) if message.value else None
+                return MemoryUpdate(tenant_id, memory_id, record)
+            data = orjson.loads(message.value or b"null")
+            return MessageUpdate(
+                tenant_id=data["tenant_id"],
+                conversation_id=data["conversation_id"],
+                message_id=data["message_id"],
+                owner=(data["owner_type"], data["owner_id"]),
+                content=tuple(data["content"]),
+                occurred_at=datetime.fromisoformat(data["occurred_at"]),
+                event_id=data["event_id"],
+            )
+        except (ValidationError, ValueError, KeyError, TypeError) as exc:
+            # memproj's own output topics: an unreadable record is a bug, counted and logged.
+            log.error(
+                "unreadable index update at %s[%d]@%d: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                exc,
+            )
+            self._metrics.index_update("embeddings", "invalid")
+            return None
+
+    async def apply(self, updates: Sequence[IndexUpdate]) -> None:
+        if not updates:
+            return
+        async with self._pool.connection() as conn, conn.transaction():
+            await deletion_store.lock_tenants(conn, (u.tenant_id for u in updates), exclusive=False)
+            held = await self._authoritative(conn, updates)
+            plan = plan_index(updates, held, self._embedder)
+            for match in plan.removals:
+                await asyncio.to_thread(self._vectors.remove, match)
+            if plan.upserts:
+                await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
+        await self._publisher.publish(
+            [
+                OutboxMessage(
+                    self._topics.name(
+                        MEMORY_REJECTIONS
+                        if rejection.event_type == "memory.current"
+                        else CONVERSATION_REJECTIONS
+                    ),
+                    entity_key(rejection.tenant_id, rejection.entity_id).encode(),
+                    encode(rejection),
+                )
+                for rejection in plan.rejections
+            ]
+        )
+        for rejection in plan.rejections:
+            self._metrics.rejected(rejection.reason.value)
+        self._metrics.index_update("embeddings", "indexed", len(plan.upserts))
+        self._metrics.index_update("embeddings", "removed", len(plan.removals))
+        self._metrics.index_update("embeddings", "stale", plan.stale)
+        self._metrics.index_update("embeddings", "erased", len(plan.rejections))
+
+    async def _authoritative(self, conn: Conn, updates: Sequence[IndexUpdate]) -> Authoritative:
+        memories = sorted(
+            {(u.tenant_id, u.memory_id) for u in updates if isinstance(u, MemoryUpdate)}
+        )
+        messages = sorted(
+            {
+                (u.tenant_id, u.conversation_id, u.message_id)
+                for u in updates
+                if isinstance(u, MessageUpdate)
+            }
+        )
+        held_memories: dict[tuple[str, str], tuple[int, str]] = {}
+        if memories:
+            cursor = await conn.execute(
+                "SELECT tenant_id, memory_id, version, status FROM memories"
+                " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, memory_id)"
+                " USING (tenant_id, memory_id)",
+                [list(column) for column in zip(*memories, strict=True)],
+            )
+            held_memories = {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
+        held_messages: set[tuple[str, str, str]] = set()
+        if messages:
+            cursor = await conn.execute(
+                "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
+                " JOIN unnest(%s::text[], %s::text[], %s::text[])"
+                " AS k(tenant_id, conversation_id, message_id)"
+                " USING (tenant_id, conversation_id, message_id)",
+                [list(column) for column in zip(*messages, strict=True)],
+            )
+            held_messages = {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
+        erasures = await deletion_store.load_erasures(
+            conn, (key for update in updates for key in erasure_keys(update))
+        )
+        return Authoritative(held_memories, held_messages, erasures)
+
+
+def add_index_agent(app: faust.App, topic_names: Sequence[str], indexer: EmbeddingsIndexer) -> None:
+    topic = app.topic(*topic_names, key_type=bytes, value_type=bytes, allow_empty=True)
+
+    async def index(stream: faust.StreamT[bytes]) -> None:
+        async for batch in stream.noack_take(500, within=0.1):  # type: ignore[attr-defined]
+            events = cast(list[faust.EventT[bytes]], batch)
+            decoded = [indexer.decode(event.message) for event in events]
+            updates = [update for update in decoded if update is not None]
+            try:
+                await retry_transient("embeddings index", partial(indexer.apply, updates))
+            except Exception as exc:
+                await app.crash(exc)  # see streams.agents.projection: stop, do not carry on
+                raise
+            for event in events:
+                await stream.ack(event)
+
+    app.agent(topic, name="embeddings-index")(index)

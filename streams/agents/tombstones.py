@@ -1,0 +1,142 @@
+"""The agent that makes a derived store honour tombstones.
+
+For every tombstone meant for its store: remove the items, check they are unreachable, then
+publish ``deletion.acknowledged`` and only after that acknowledge the tombstone's offset.
+A failure publishes a ``failed`` acknowledgement (the ledger records it) and is retried with
+backoff until it succeeds; a crash anywhere redelivers the tombstone, and removing twice is
+harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import cast
+
+import faust
+from pydantic import ValidationError
+
+from projections.bookkeeping import OutboxMessage
+from projections.deletion.derived import DerivedStore
+from streams.kafka import KafkaPublisher
+from streams.metrics import Metrics
+from topics.codec import encode
+from topics.deletion import Acknowledgement, AckStatus, Tombstone
+from topics.outputs import DeadLetter, DeadLetterReason
+from topics.registry import DELETION_ACKS, DLQ_SUFFIX, TopicNames, entity_key
+
+log = logging.getLogger(__name__)
+
+
+class StillReachable(RuntimeError):
+    pass
+
+
+class TombstoneHandler:
+    def __init__(
+        self,
+        store: DerivedStore,
+        publisher: KafkaPublisher,
+        topics: TopicNames,
+        metrics: Metrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_backoff_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self._publisher = publisher
+        self._acks_topic = topics.name(DELETION_ACKS)
+        self._metrics = metrics
+        self._clock = clock
+        self._max_backoff = max_backoff_seconds
+
+    async def handle(self, message: faust.types.tuples.Message) -> None:
+        tombstone = await self._decode(message)
+        if tombstone is None or not tombstone.is_for(self.store.name):
+            return
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                removed = await self.store.remove(tombstone)
+                left = await self.store.reachable(tombstone)
+                if left:
+                    raise StillReachable(f"still reachable: {', '.join(left[:5])}")
+            except Exception as exc:
+                delay = min(self._max_backoff, 0.2 * 2**attempt)
+                log.warning(
+                    "%s: tombstone %s failed (%s); retry in %.1fs",
+                    self.store.name,
+                    tombstone.deletion_id,
+                    exc,
+                    delay,
+                )
+                await self._acknowledge(tombstone, "failed", 0, attempt, str(exc)[:500])
+                await asyncio.sleep(delay)
+                continue
+            await self._acknowledge(tombstone, "done", removed, attempt, None)
+            self._metrics.tombstone_applied(self.store.name, removed)
+            return
+
+    async def _acknowledge(
+        self,
+        tombstone: Tombstone,
+        status: AckStatus,
+        removed: int,
+        attempt: int,
+        error: str | None,
+    ) -> None:
+        ack = Acknowledgement(
+            deletion_id=tombstone.deletion_id,
+            tenant_id=tombstone.tenant_id,
+            store=self.store.name,
+            status=status,
+            removed_count=removed,
+            acked_at=self._clock(),
+            error=error,
+            attempt=attempt,
+        )
+        key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
+        # Published and flushed before the tombstone's offset moves: an ack is never lost.
+        await self._publisher.publish([OutboxMessage(self._acks_topic, key, encode(ack))])
+
+    async def _decode(self, message: faust.types.tuples.Message) -> Tombstone | None:
+        try:
+            tombstone = Tombstone.model_validate_json(message.value or b"")
+            valid_key = (
+                message.key == entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
+            )
+            if valid_key:
+                return tombstone
+            error, code = "key does not match the tombstone", DeadLetterReason.KEY_MISMATCH
+        except ValidationError as exc:
+            error, code = str(exc)[:500], DeadLetterReason.INVALID_EVENT
+        letter = DeadLetter(
+            original=base64.b64encode(message.value or b"").decode(),
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            error=error,
+            error_code=code,
+            key=message.key.decode(errors="replace") if message.key else None,
+            failed_at=self._clock(),
+        )
+        await self._publisher.publish(
+            [OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(letter))]
+        )
+        self._metrics.dead_lettered(message.topic, code.value)
+        return None
+
+
+def add_tombstone_agent(app: faust.App, topic_name: str, handler: TombstoneHandler) -> None:
+    topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
+
+    async def honour(stream: faust.StreamT[bytes]) -> None:
+        async for batch in stream.noack_take(100, within=0.1):  # type: ignore[attr-defined]
+            for event in cast(list[faust.EventT[bytes]], batch):
+                await handler.handle(event.message)
+                await stream.ack(event)
+
+    app.agent(topic, name=f"{handler.store.name}-tombstones")(honour)

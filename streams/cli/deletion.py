@@ -1,0 +1,180 @@
+"""Deletion operations: request a deletion, follow it, list what is pending."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from confluent_kafka import Producer
+
+from projections.bookkeeping import Conn
+from projections.deletion import store
+from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.memory import parse_duration, parse_subject
+from streams.kafka import producer_config
+from streams.sample import iso, to_message
+from topics.registry import DELETION_REQUESTS
+
+
+def request_deletion(
+    ctx: click.Context,
+    tenant: str,
+    target: dict[str, str],
+    reason: str,
+    deadline: str | None,
+    actor: str,
+    as_json: bool,
+) -> None:
+    settings = settings_of(ctx)
+    now = datetime.now(UTC)
+    deletion_id = f"del-{uuid.uuid4().hex}"
+    payload: dict[str, Any] = {"deletion_id": deletion_id, "target": target, "reason": reason}
+    if deadline:
+        payload["deadline_at"] = iso(now + parse_duration(deadline))
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "event_type": "deletion.requested",
+        "schema_version": 1,
+        "tenant_id": tenant,
+        "occurred_at": iso(now),
+        "actor": {"type": "operator", "id": actor},
+        "payload": payload,
+    }
+    key, value = to_message(event)
+    producer = Producer(producer_config(settings.kafka_bootstrap))
+    producer.produce(settings.topics.name(DELETION_REQUESTS), value, key)
+    if producer.flush(30):
+        raise click.ClickException("the request was not delivered to Kafka")
+    if as_json:
+        echo_json({"deletion_id": deletion_id, "tenant_id": tenant, "requested_at": iso(now)})
+    else:
+        click.echo(
+            f"requested {deletion_id}; follow it with: memproj deletion status {deletion_id}"
+        )
+
+
+_COMMON = [
+    click.option("--tenant", required=True),
+    click.option("--reason", default="requested by an operator", show_default=True),
+    click.option("--deadline", help="how long the stores have (e.g. 10m, 24h); default: the SLO"),
+    click.option("--actor", default="memproj-cli", show_default=True, help="who asks"),
+    click.option("--json", "as_json", is_flag=True),
+]
+
+
+def _common(function: Any) -> Any:
+    for option in reversed(_COMMON):
+        function = option(function)
+    return function
+
+
+@click.group()
+def delete() -> None:
+    """Request a deletion (published to deletion.requests; the deletion worker carries it out)."""
+
+
+@delete.command("subject")
+@click.option("--subject", required=True, help="TYPE:ID, e.g. user:u_123")
+@_common
+@click.pass_context
+def delete_subject(ctx: click.Context, /, subject: str, **options: Any) -> None:
+    """Erase a subject: its memories, the conversations it owns, and all derived from them."""
+    subject_type, subject_id = parse_subject(subject)
+    target = {"type": "subject", "id": subject_id, "subject_type": subject_type}
+    request_deletion(ctx, target=target, **options)
+
+
+@delete.command("conversation")
+@click.option("--conversation", "conversation_id", required=True)
+@_common
+@click.pass_context
+def delete_conversation(ctx: click.Context, /, conversation_id: str, **options: Any) -> None:
+    """Delete a conversation: messages, summaries, context view, and memories sourced from it."""
+    request_deletion(ctx, target={"type": "conversation", "id": conversation_id}, **options)
+
+
+@delete.command("memory")
+@click.option("--memory-id", required=True)
+@_common
+@click.pass_context
+def delete_memory(ctx: click.Context, /, memory_id: str, **options: Any) -> None:
+    """Erase one memory, its history and every derived copy."""
+    request_deletion(ctx, target={"type": "memory", "id": memory_id}, **options)
+
+
+@click.group()
+def deletion() -> None:
+    """Follow deletions: per-store state, timings, verification."""
+
+
+@deletion.command("status")
+@click.argument("deletion_id")
+@click.option("--tenant", help="the tenant (needed only if the id exists for several)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def deletion_status(
+    ctx: click.Context, deletion_id: str, tenant: str | None, as_json: bool
+) -> None:
+    """Per-store state, timings and verification of one deletion."""
+
+    async def load(conn: Conn) -> list[dict[str, Any]]:
+        tenants = [tenant] if tenant else await store.tenants_of(conn, deletion_id)
+        found = [await store.request_detail(conn, t, deletion_id) for t in tenants]
+        return [detail for detail in found if detail is not None]
+
+    details = with_connection(settings_of(ctx), load)
+    if not details:
+        raise click.ClickException(f"no deletion {deletion_id!r} (it may not be applied yet)")
+    if as_json:
+        echo_json(details[0] if len(details) == 1 else details)
+        return
+    for detail in details:
+        click.echo(
+            f"{detail['deletion_id']} ({detail['kind']} of {detail['target_type']} "
+            f"{detail['target_id']}, tenant {detail['tenant_id']}): {detail['status']}"
+        )
+        click.echo(f"  items: {detail['items']}")
+        for name, state in detail["stores"].items():
+            timing = f" after {state['seconds_to_ack']:.1f}s" if "seconds_to_ack" in state else ""
+            click.echo(
+                f"  {name:10} {state['status']:8}{timing} removed={state['removed_count']}"
+                f" attempts={state['attempts']} redeliveries={state['redeliveries']}"
+                + (f" error={state['error']}" if state["error"] else "")
+            )
+        verification = detail["verification"]
+        click.echo(
+            "  verification: "
+            + (
+                "pending"
+                if verification is None
+                else "clean"
+                if verification["clean"]
+                else f"FOUND {verification['found']}"
+            )
+        )
+
+
+@deletion.command("list")
+@click.option("--pending", is_flag=True, help="only requests not completed yet")
+@click.option("--tenant")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def deletion_list(
+    ctx: click.Context, pending: bool, tenant: str | None, limit: int, as_json: bool
+) -> None:
+    """Recent deletions, newest first, with the stores still to acknowledge."""
+    rows = with_connection(
+        settings_of(ctx), lambda conn: store.list_requests(conn, tenant, pending, limit)
+    )
+    if as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        waiting = ", ".join(row["waiting_for"]) or "-"
+        click.echo(
+            f"{row['deletion_id']:40} {row['tenant_id']:12} {row['kind']:10} "
+            f"{row['target_type']}:{row['target_id']:16} {row['status']:9} waiting for {waiting}"
+        )

@@ -1,0 +1,136 @@
+"""The deletion worker's periodic duties: redeliver overdue tombstones and report them,
+verify completed deletions with the retrieval probe, and refresh the deletion metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mode import Service
+from psycopg_pool import AsyncConnectionPool
+
+from projections import bookkeeping
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.cache.store import RedisCache
+from projections.deletion import store
+from projections.deletion.verify import verify
+from projections.embeddings.vectors import VectorStore
+from streams.kafka import KafkaPublisher
+from streams.metrics import Metrics
+from topics.codec import encode
+from topics.deletion import STORES
+from topics.registry import DELETION_STATUS, DELETION_TOMBSTONES, TopicNames, entity_key
+
+log = logging.getLogger(__name__)
+PRODUCER = "deletion-maintenance"
+
+
+class LedgerMaintenance(Service):
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        publisher: KafkaPublisher,
+        vectors: VectorStore,
+        cache: RedisCache,
+        topics: TopicNames,
+        metrics: Metrics,
+        interval: timedelta,
+        redelivery_interval: timedelta,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        **kwargs: Any,
+    ) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self._vectors = vectors
+        self._cache = cache
+        self._topics = topics
+        self._metrics = metrics
+        self._interval = interval.total_seconds()
+        self._redelivery_interval = redelivery_interval
+        self._clock = clock
+        super().__init__(**kwargs)
+
+    @Service.task
+    async def _duties(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self._interval)
+            for duty in (self.redeliver_overdue, self.verify_completed, self.refresh_metrics):
+                try:
+                    await duty()
+                except Exception:
+                    # A failed round is retried next round; the metrics show it stalling.
+                    log.exception("deletion maintenance: %s failed", duty.__name__)
+
+    async def redeliver_overdue(self) -> int:
+        """Redeliver each overdue tombstone to the store that has not acknowledged it, and
+        publish ``deletion.overdue``, through the outbox like every other output."""
+        now = self._clock()
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await store.overdue(conn, now, self._redelivery_interval)
+            if not rows:
+                return 0
+            messages: list[OutboxMessage] = []
+            for tenant_id, deletion_id, store_name in rows:
+                tombstone = await store.tombstone_of(conn, tenant_id, deletion_id)
+                key = entity_key(tenant_id, deletion_id).encode()
+                messages.append(
+                    OutboxMessage(
+                        self._topics.name(DELETION_TOMBSTONES),
+                        key,
+                        encode(tombstone.model_copy(update={"for_stores": (store_name,)})),
+                    )
+                )
+            await store.mark_redelivered(conn, rows, now)
+            states = await store.load_states(conn, {(t, d) for t, d, _ in rows})
+            for state in states.values():
+                overdue = {
+                    name: ack.model_copy(update={"status": "overdue"})
+                    if ack.status != "done" and ack.deadline_at < now
+                    else ack
+                    for name, ack in state.stores.items()
+                }
+                status = state.status("deletion.overdue").model_copy(update={"stores": overdue})
+                messages.append(
+                    OutboxMessage(
+                        self._topics.name(DELETION_STATUS),
+                        entity_key(state.tenant_id, state.deletion_id).encode(),
+                        encode(status),
+                    )
+                )
+            batch = await bookkeeping.add_to_outbox(conn, PRODUCER, messages)
+        await self._publisher.publish(messages)
+        async with self._pool.connection() as conn:
+            await bookkeeping.remove_outbox_batch(conn, batch)
+        log.warning("redelivered %d overdue tombstones", len(rows))
+        return len(rows)
+
+    async def verify_completed(self) -> int:
+        async with self._pool.connection() as conn:
+            # Anything a crash left in this duty's outbox goes out first.
+            pending = await bookkeeping.pending_outbox(conn, PRODUCER)
+            if pending:
+                await self._publisher.publish([message for _, message in pending])
+                await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
+            done = 0
+            for tenant_id, deletion_id in await store.unverified(conn):
+                result = await verify(conn, self._vectors, self._cache, tenant_id, deletion_id)
+                await store.save_verification(conn, tenant_id, deletion_id, result, self._clock())
+                await conn.commit()
+                if not result["clean"]:
+                    log.error(
+                        "deletion %s/%s: verification found %s",
+                        tenant_id,
+                        deletion_id,
+                        result["found"],
+                    )
+                done += 1
+            return done
+
+    async def refresh_metrics(self) -> None:
+        async with self._pool.connection() as conn:
+            pending = await store.pending_by_store(conn, self._clock())
+            blocked = await store.blocked_reads(conn)
+        self._metrics.pending_deletions(pending, STORES)
+        self._metrics.blocked_reads(blocked)

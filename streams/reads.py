@@ -1,0 +1,174 @@
+"""The read path: recall (through the cache), semantic recall (through the vector store), and
+the context view (through the cache), each hydrated through the authoritative projection and
+the deletion ledger.
+
+The hydration guard: whatever an index or a cache returns is only a candidate. It is re-read
+from the projection and checked against the erasure index; anything deleted, revoked,
+superseded, expired or of another tenant is dropped, and each drop is counted per store in
+``memproj_ghost_reads_blocked_total``. Reads that fill the cache hold the shared tenant lock,
+so a deletion cannot slip between reading the projection and writing the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.conversation import store as conversation_store
+from projections.deletion import store as deletion_store
+from projections.deletion.erasure import memory_key, subject_key
+from projections.embeddings.embedder import Embedder
+from projections.embeddings.vectors import VectorStore
+from projections.memory import store as memory_store
+from projections.memory.store import RecallQuery
+from topics.outputs import MemoryRecord
+
+
+@dataclass(slots=True)
+class Hydrated:
+    records: list[MemoryRecord]
+    # Why candidates were dropped, per store: {"embeddings": {"erased": 2}, ...}.
+    blocked: dict[str, Counter[str]] = field(default_factory=dict)
+
+    @property
+    def blocked_total(self) -> int:
+        return sum(sum(reasons.values()) for reasons in self.blocked.values())
+
+
+def _query_key(query: RecallQuery, text: str | None) -> str:
+    described = orjson.dumps({**asdict(query), "max_age": str(query.max_age), "text": text})
+    return hashlib.sha256(described).hexdigest()[:32]
+
+
+async def hydrate(
+    conn: Conn,
+    tenant_id: str,
+    candidates: Sequence[tuple[str, int | None]],
+    now: datetime,
+) -> tuple[list[MemoryRecord], Counter[str]]:
+    """Re-read candidate memories (id, the version the index holds) through the projection and
+    the erasure index; keep the eligible ones, in candidate order, and say why the others
+    were dropped."""
+    ids = list(dict.fromkeys(memory_id for memory_id, _ in candidates))
+    records = await memory_store.load_records(conn, ((tenant_id, m) for m in ids))
+    keys = [memory_key(tenant_id, m) for m in ids]
+    keys += [subject_key(tenant_id, r.subject.type, r.subject.id) for r in records.values()]
+    erasures = await deletion_store.load_erasures(conn, keys)
+    kept: list[MemoryRecord] = []
+    dropped: Counter[str] = Counter()
+    seen: set[str] = set()
+    for memory_id, version in candidates:
+        if memory_id in seen:
+            continue
+        seen.add(memory_id)
+        record = records.get((tenant_id, memory_id))
+        erased = erasures.entries.get(memory_key(tenant_id, memory_id))
+        if record is None:
+            dropped["erased" if erased else "deleted"] += 1
+        elif record.tenant_id != tenant_id:
+            dropped["other_tenant"] += 1
+        elif record.status == "revoked":
+            dropped["revoked"] += 1
+        elif version is not None and version != record.version:
+            dropped["superseded"] += 1
+        elif not record.is_eligible(now):
+            dropped["expired"] += 1
+        else:
+            kept.append(record)
+    return kept, dropped
+
+
+def _wanted(record: MemoryRecord, query: RecallQuery, now: datetime) -> bool:
+    """The query's own filters, applied to hydrated candidates (not ghosts: just not asked for)."""
+    return (
+        record.subject.type == query.subject_type
+        and record.subject.id == query.subject_id
+        and record.status in query.statuses
+        and (query.scope is None or record.scope == query.scope)
+        and (query.kind is None or record.kind == query.kind)
+        and (query.max_age is None or record.observed_at >= now - query.max_age)
+    )
+
+
+async def recall(conn: Conn, cache: RedisCache, query: RecallQuery, now: datetime) -> Hydrated:
+    """Eligible memories about one subject, through the cache."""
+    subject = (query.subject_type, query.subject_id)
+    key = _query_key(query, None)
+    cached = await cache.get_recall(query.tenant_id, subject, key)
+    if cached is not None:
+        candidates = [(r["memory_id"], r.get("version")) for r in cached]
+        async with conn.transaction():
+            kept, dropped = await hydrate(conn, query.tenant_id, candidates, now)
+            await _count_blocked(conn, "cache", dropped)
+        return Hydrated(kept, {"cache": dropped} if dropped else {})
+    async with conn.transaction():
+        await deletion_store.lock_tenants(conn, [query.tenant_id], exclusive=False)
+        records = await memory_store.recall(conn, query, now)
+        await cache.put_recall(
+            query.tenant_id, subject, key, [r.model_dump(mode="json") for r in records]
+        )
+    return Hydrated(records)
+
+
+async def recall_by_text(
+    conn: Conn,
+    vectors: VectorStore,
+    embedder: Embedder,
+    query: RecallQuery,
+    text: str,
+    now: datetime,
+) -> Hydrated:
+    """Semantic recall: the vector store proposes, the projection and the ledger decide."""
+    (vector,) = embedder.embed([text])
+    subject = (query.subject_type, query.subject_id)
+    hits = await asyncio.to_thread(
+        vectors.search, query.tenant_id, vector, query.limit * 4, subject
+    )
+    candidates = [
+        (hit.entry.memory_id, hit.entry.version)
+        for hit in hits
+        if hit.entry.kind == "memory"
+        and hit.entry.memory_id is not None
+        and hit.entry.tenant_id == query.tenant_id
+    ]
+    foreign = sum(1 for hit in hits if hit.entry.tenant_id != query.tenant_id)
+    async with conn.transaction():
+        kept, dropped = await hydrate(conn, query.tenant_id, candidates, now)
+        if foreign:
+            dropped["other_tenant"] += foreign
+        await _count_blocked(conn, "embeddings", dropped)
+    records = [r for r in kept if _wanted(r, query, now)][: query.limit]
+    return Hydrated(records, {"embeddings": dropped} if dropped else {})
+
+
+async def context_view(
+    conn: Conn, cache: RedisCache, tenant_id: str, conversation_id: str
+) -> dict[str, Any] | None:
+    """The context view, through the cache; a cached view of a conversation that is gone is
+    a ghost, dropped and counted."""
+    cached = await cache.get_context(tenant_id, conversation_id)
+    async with conn.transaction():
+        await deletion_store.lock_tenants(conn, [tenant_id], exclusive=False)
+        view = await conversation_store.load_context(conn, tenant_id, conversation_id)
+        if cached is not None and view is None:
+            await _count_blocked(conn, "cache", Counter({"deleted": 1}))
+            return None
+        if cached is not None:
+            return dict(cached["view"])
+        if view is not None:
+            owner_type, owner_id = view["owner"]
+            await cache.put_context(tenant_id, conversation_id, (owner_type, owner_id), view)
+        return view
+
+
+async def _count_blocked(conn: Conn, store: str, dropped: Counter[str]) -> None:
+    await deletion_store.count_blocked_read(conn, store, sum(dropped.values()))

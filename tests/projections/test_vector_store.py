@@ -1,0 +1,437 @@
+"""The LanceDB vector store, embedded on disk: no services needed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from projections.embeddings.embedder import HashingEmbedder
+from projections.embeddings.vectors import (
+    LanceVectorStore,
+    Match,
+    VectorEntry,
+    match_filter,
+    memory_entry_id,
+    message_entry_id,
+    sql_string,
+)
+
+EMBEDDER = HashingEmbedder()
+T0 = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
+NASTY = [
+    "o'hara",
+    "''",
+    "back\\slash",
+    "trailing\\",
+    "\\'",
+    "100%_like",
+    'double"quote',
+    "x' OR '1'='1",
+    "ünïcødé ☃ 東京",
+    "new\nline\ttab",
+    "nul\x00byte",
+    ") OR (1=1",
+]
+
+
+def memory(
+    memory_id: str,
+    text: str,
+    tenant_id: str = "tenant-a",
+    subject: tuple[str, str] = ("user", "u1"),
+    version: int = 1,
+) -> VectorEntry:
+    return VectorEntry(
+        id=memory_entry_id(tenant_id, memory_id),
+        kind="memory",
+        tenant_id=tenant_id,
+        subject_type=subject[0],
+        subject_id=subject[1],
+        memory_id=memory_id,
+        conversation_id=None,
+        message_id=None,
+        source_type="conversation",
+        source_ref=f"conv/{memory_id}",
+        text=text,
+        version=version,
+        occurred_at=T0 + timedelta(minutes=version),
+        vector=tuple(EMBEDDER.embed([text])[0]),
+    )
+
+
+def message(
+    conversation_id: str,
+    message_id: str,
+    text: str,
+    tenant_id: str = "tenant-a",
+    subject: tuple[str, str] = ("user", "u1"),
+) -> VectorEntry:
+    return VectorEntry(
+        id=message_entry_id(tenant_id, conversation_id, message_id),
+        kind="message",
+        tenant_id=tenant_id,
+        subject_type=subject[0],
+        subject_id=subject[1],
+        memory_id=None,
+        conversation_id=conversation_id,
+        message_id=message_id,
+        source_type="message",
+        source_ref=f"{conversation_id}/{message_id}",
+        text=text,
+        version=1,
+        occurred_at=T0,
+        vector=tuple(EMBEDDER.embed([text])[0]),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LanceVectorStore:
+    return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+
+
+def ids(entries: Iterable[VectorEntry]) -> set[str]:
+    return {entry.id for entry in entries}
+
+
+def test_entry_ids_name_the_kind_tenant_and_source() -> None:
+    assert memory_entry_id("t1", "m1") == "memory:t1:m1"
+    assert message_entry_id("t1", "c1", "msg1") == "message:t1:c1:msg1"
+
+
+def test_upserted_entries_come_back_as_they_were_stored(store: LanceVectorStore) -> None:
+    seat = memory("m1", "prefers window seats")
+    hello = message("c1", "msg1", "hello there")
+    store.upsert([seat, hello])
+
+    assert store.get([hello.id, "memory:tenant-a:unknown", seat.id, hello.id]) == [hello, seat]
+    assert store.get([]) == []
+    assert store.count() == 2
+    (stored,) = store.get([seat.id])
+    assert stored.occurred_at.tzinfo is UTC
+
+
+def test_upsert_replaces_an_entry_with_the_same_id(store: LanceVectorStore) -> None:
+    store.upsert([memory("m1", "prefers window seats"), memory("m2", "vegetarian")])
+    newer = memory("m1", "prefers aisle seats", version=2)
+    store.upsert([newer])
+
+    assert store.get([newer.id]) == [newer]
+    assert store.count() == 2
+
+
+def test_of_several_entries_with_one_id_in_a_batch_the_last_wins(
+    store: LanceVectorStore,
+) -> None:
+    stored = memory("m1", "version one")
+    store.upsert([stored])
+    second, third = memory("m1", "version two", version=2), memory("m1", "version three", version=3)
+    fresh_one, fresh_two = memory("m2", "fresh one"), memory("m2", "fresh two", version=2)
+
+    store.upsert([second, fresh_one, third, fresh_two])
+
+    assert store.get([stored.id, fresh_one.id]) == [third, fresh_two]
+    assert store.count() == 2
+
+
+def test_upsert_refuses_a_vector_of_another_dimension(store: LanceVectorStore) -> None:
+    wrong = dataclasses.replace(memory("m1", "x"), vector=(1.0, 0.0))
+    with pytest.raises(ValueError, match="2 dimensions"):
+        store.upsert([wrong])
+    assert store.count() == 0
+
+
+def test_a_table_of_another_dimension_is_refused(tmp_path: Path) -> None:
+    LanceVectorStore(tmp_path / "vectors", dim=8)
+    with pytest.raises(ValueError, match="another dimension"):
+        LanceVectorStore(tmp_path / "vectors", dim=16)
+
+
+# -- search ------------------------------------------------------------------------------
+
+
+def test_search_ranks_the_same_text_first(store: LanceVectorStore) -> None:
+    texts = [
+        "the user is allergic to peanuts",
+        "the user prefers window seats on flights",
+        "the user lives in Lisbon",
+        "the user's manager is called Dana",
+    ]
+    store.upsert([memory(f"m{index}", text) for index, text in enumerate(texts)])
+    query = EMBEDDER.embed(["the user prefers window seats on flights"])[0]
+
+    hits = store.search("tenant-a", query, limit=3)
+
+    assert hits[0].entry.memory_id == "m1"
+    assert hits[0].distance == pytest.approx(0.0, abs=1e-5)
+    assert len(hits) == 3
+    assert [hit.distance for hit in hits] == sorted(hit.distance for hit in hits)
+
+
+def test_search_never_returns_another_tenants_entry(store: LanceVectorStore) -> None:
+    text = "the user's bank PIN hint is their first cat"
+    store.upsert([memory("m1", text), memory("m2", "the user likes jazz")])
+    # Tenant B holds the very same text many times over: nearer than anything of tenant A
+    # except m1, and enough of them to fill the limit if filtering came after ranking.
+    canaries = [memory(f"canary{index}", text, tenant_id="tenant-b") for index in range(20)]
+    store.upsert(canaries)
+
+    hits = store.search("tenant-a", EMBEDDER.embed([text])[0], limit=2)
+
+    assert [hit.entry.id for hit in hits] == [
+        memory_entry_id("tenant-a", "m1"),
+        memory_entry_id("tenant-a", "m2"),
+    ]
+    assert store.search("tenant-c", EMBEDDER.embed([text])[0], limit=5) == []
+
+
+def test_search_can_be_narrowed_to_one_subject(store: LanceVectorStore) -> None:
+    store.upsert(
+        [
+            memory("m1", "likes tea", subject=("user", "u1")),
+            memory("m2", "likes tea a lot", subject=("user", "u2")),
+            memory("m3", "likes tea", subject=("agent", "u2")),
+        ]
+    )
+    hits = store.search("tenant-a", EMBEDDER.embed(["likes tea"])[0], 10, subject=("user", "u2"))
+    assert [hit.entry.memory_id for hit in hits] == ["m2"]
+
+
+def test_an_empty_store_finds_nothing(store: LanceVectorStore) -> None:
+    vector = EMBEDDER.embed(["anything"])[0]
+    assert store.search("tenant-a", vector, limit=5) == []
+    assert store.find(Match("tenant-a", subject=("user", "u1"))) == []
+    assert store.remove(Match("tenant-a", subject=("user", "u1"))) == 0
+    assert store.count() == 0
+
+
+def test_search_checks_the_query_vector_and_limit(store: LanceVectorStore) -> None:
+    store.upsert([memory("m1", "anything")])
+    with pytest.raises(ValueError, match="dimensions"):
+        store.search("tenant-a", [1.0, 0.0], limit=1)
+    assert store.search("tenant-a", EMBEDDER.embed(["anything"])[0], limit=0) == []
+
+
+# -- find and remove ---------------------------------------------------------------------
+
+
+def population() -> list[VectorEntry]:
+    a, b = "tenant-a", "tenant-b"
+    return [
+        memory("m1", "one", a, ("user", "u1")),
+        memory("m2", "two", a, ("user", "u1")),
+        memory("m3", "three", a, ("user", "u2")),
+        memory("m4", "four", a, ("agent", "u1")),
+        message("c1", "msg1", "hi", a, ("user", "u1")),
+        message("c1", "msg2", "hello", a, ("user", "u1")),
+        message("c2", "msg1", "bye", a, ("user", "u2")),
+        # Tenant B reuses every identifier of tenant A: none of it may be touched.
+        memory("m1", "one", b, ("user", "u1")),
+        memory("m3", "three", b, ("user", "u2")),
+        message("c1", "msg1", "hi", b, ("user", "u1")),
+        message("c2", "msg1", "bye", b, ("user", "u2")),
+    ]
+
+
+def a_memory(memory_id: str) -> str:
+    return memory_entry_id("tenant-a", memory_id)
+
+
+def a_message(conversation_id: str, message_id: str) -> str:
+    return message_entry_id("tenant-a", conversation_id, message_id)
+
+
+REMOVALS = {
+    "subject": (
+        Match("tenant-a", subject=("user", "u1")),
+        {a_memory("m1"), a_memory("m2"), a_message("c1", "msg1"), a_message("c1", "msg2")},
+    ),
+    "conversations": (
+        Match("tenant-a", conversation_ids=("c1", "c2", "c-unknown")),
+        {a_message("c1", "msg1"), a_message("c1", "msg2"), a_message("c2", "msg1")},
+    ),
+    "memories": (
+        Match("tenant-a", memory_ids=("m2", "m4")),
+        {a_memory("m2"), a_memory("m4")},
+    ),
+    "entry ids": (
+        Match("tenant-a", entry_ids=(a_memory("m3"), a_message("c2", "msg1"), "other")),
+        {a_memory("m3"), a_message("c2", "msg1")},
+    ),
+    "any of several criteria": (
+        Match("tenant-a", subject=("user", "u2"), memory_ids=("m4",), entry_ids=(a_memory("m1"),)),
+        {a_memory("m1"), a_memory("m3"), a_memory("m4"), a_message("c2", "msg1")},
+    ),
+    "another tenant's ids": (
+        Match("tenant-b", memory_ids=("m2", "m4"), conversation_ids=("c1",)),
+        {message_entry_id("tenant-b", "c1", "msg1")},
+    ),
+    "nothing but the tenant": (Match("tenant-a"), set()),
+}
+
+
+@pytest.mark.parametrize(("match", "expected"), REMOVALS.values(), ids=REMOVALS.keys())
+def test_find_and_remove_take_exactly_the_matching_entries(
+    store: LanceVectorStore, match: Match, expected: set[str]
+) -> None:
+    everything = population()
+    store.upsert(everything)
+    assert ids(entry for entry in everything if match.matches(entry)) == expected
+
+    found = store.find(match)
+    assert ids(found) == expected
+    assert [entry.id for entry in found] == sorted(expected)
+
+    assert store.remove(match) == len(expected)
+    assert ids(store.get([entry.id for entry in everything])) == ids(everything) - expected
+    assert store.remove(match) == 0
+
+
+def test_an_empty_match_selects_nothing() -> None:
+    assert Match("tenant-a").is_empty
+    assert match_filter(Match("tenant-a")) is None
+    assert not Match("tenant-a").matches(memory("m1", "one"))
+
+
+def test_filters_quote_every_identifier() -> None:
+    assert sql_string("plain") == "'plain'"
+    assert sql_string("o'hara") == "'o''hara'"
+    assert sql_string("x' OR '1'='1") == "'x'' OR ''1''=''1'"
+    assert match_filter(Match("t'1", entry_ids=("a'b",))) == (
+        "tenant_id = 't''1' AND (id IN ('a''b'))"
+    )
+
+
+@pytest.mark.parametrize("nasty", NASTY)
+def test_identifiers_with_any_characters_select_only_themselves(
+    store: LanceVectorStore, nasty: str
+) -> None:
+    victim = message(nasty, nasty, "the nasty one", tenant_id=nasty, subject=(nasty, nasty))
+    victim = dataclasses.replace(victim, memory_id=nasty)
+    bystanders = [
+        memory("m1", "the nasty one", tenant_id="tenant-a"),
+        memory("m2", "the nasty one", tenant_id="x"),
+        memory(nasty + "2", "the nasty one", tenant_id=nasty, subject=(nasty, nasty + "2")),
+    ]
+    store.upsert([victim, *bystanders])
+
+    assert store.get([victim.id]) == [victim]
+    hits = store.search(nasty, victim.vector, limit=10, subject=(nasty, nasty))
+    assert [hit.entry for hit in hits] == [victim]
+    for match in (
+        Match(nasty, subject=(nasty, nasty)),
+        Match(nasty, conversation_ids=(nasty,)),
+        Match(nasty, memory_ids=(nasty,)),
+        Match(nasty, entry_ids=(victim.id,)),
+    ):
+        assert store.find(match) == [victim]
+    assert store.remove(Match(nasty, memory_ids=(nasty,))) == 1
+    assert ids(store.get([entry.id for entry in bystanders])) == ids(bystanders)
+
+
+# -- history -----------------------------------------------------------------------------
+
+
+def test_removed_entries_stay_in_old_versions_until_the_history_is_purged(
+    store: LanceVectorStore,
+) -> None:
+    secret = memory("m1", "the user's door code is 4711")
+    store.upsert([secret, memory("m2", "likes jazz")])
+    before_removal = store.table.version
+    assert store.remove(Match("tenant-a", memory_ids=("m1",))) == 1
+    assert store.get([secret.id]) == []
+    assert store.history_versions() >= 2
+
+    # This is what purge_history exists for: the removed entry is still in the old version.
+    store.table.checkout(before_removal)
+    assert store.table.count_rows(f"id = {sql_string(secret.id)}") == 1
+    store.table.checkout_latest()
+
+    store.purge_history()
+
+    assert store.history_versions() == 0
+    with pytest.raises(ValueError, match="no longer exists"):
+        store.table.checkout(before_removal)
+    store.table.checkout_latest()
+    assert ids(store.find(Match("tenant-a", subject=("user", "u1")))) == {
+        memory_entry_id("tenant-a", "m2")
+    }
+    assert [hit.entry.memory_id for hit in store.search("tenant-a", secret.vector, 5)] == ["m2"]
+
+
+def test_purging_erases_removed_entries_from_the_files_on_disk(tmp_path: Path) -> None:
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    canary = "CANARY-7d1f a removed memory"
+    # One write: all entries share one data file, of which the removal deletes only 5 %.
+    # Compaction alone leaves such a file in place, the removed row masked but on disk.
+    store.upsert([memory("m0", canary), *(memory(f"m{i}", f"memory {i}") for i in range(1, 20))])
+    store.remove(Match("tenant-a", memory_ids=("m0",)))
+    assert files_containing(tmp_path, canary.encode())
+
+    store.purge_history()
+
+    assert files_containing(tmp_path, canary.encode()) == []
+    assert store.count() == 19
+    assert store.history_versions() == 0
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file() and needle in path.read_bytes()]
+
+
+def test_purging_an_unchanged_table_keeps_every_entry(store: LanceVectorStore) -> None:
+    store.purge_history()
+    entries = [memory("m1", "one"), message("c1", "msg1", "two")]
+    store.upsert(entries)
+    store.purge_history()
+    store.purge_history()
+    assert store.get([entry.id for entry in entries]) == entries
+    assert store.history_versions() == 0
+
+
+# -- several processes -------------------------------------------------------------------
+
+
+def test_another_store_on_the_same_path_sees_the_writes(tmp_path: Path) -> None:
+    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    assert reader.count() == 0
+
+    first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
+    writer.upsert([first, second])
+    assert reader.get([first.id, second.id]) == [first, second]
+    assert reader.search("tenant-a", first.vector, 1)[0].entry == first
+
+    writer.remove(Match("tenant-a", memory_ids=("m1",)))
+    writer.purge_history()
+
+    assert reader.count() == 1
+    assert reader.get([first.id, second.id]) == [second]
+    assert [hit.entry for hit in reader.search("tenant-a", first.vector, 5)] == [second]
+    assert reader.history_versions() == 0
+    # The reader can take over writing.
+    reader.upsert([first])
+    assert writer.get([first.id]) == [first]
+
+
+def test_a_reader_whose_version_was_cleaned_up_reopens_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
+    writer.upsert([first, second])
+    assert reader.get([first.id]) == [first]
+    # The race, made certain: the writer purges between the reader's refresh and its read.
+    stale_handle = reader.table
+    monkeypatch.setattr(stale_handle, "checkout_latest", lambda: None)
+    writer.remove(Match("tenant-a", memory_ids=("m1",)))
+    writer.purge_history()
+    with pytest.raises(RuntimeError, match="Not found"):
+        stale_handle.search().to_arrow()
+
+    assert reader.get([first.id, second.id]) == [second]
+    assert reader.table is not stale_handle
