@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -112,17 +114,27 @@ def deletion() -> None:
 @deletion.command("status")
 @click.argument("deletion_id")
 @click.option("--tenant", help="the tenant (needed only if the id exists for several)")
+@click.option(
+    "--wait", "wait_seconds", type=float, default=0, help="wait up to this long for verification"
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def deletion_status(
-    ctx: click.Context, deletion_id: str, tenant: str | None, as_json: bool
+    ctx: click.Context, deletion_id: str, tenant: str | None, wait_seconds: float, as_json: bool
 ) -> None:
     """Per-store state, timings and verification of one deletion."""
 
     async def load(conn: Conn) -> list[dict[str, Any]]:
-        tenants = [tenant] if tenant else await store.tenants_of(conn, deletion_id)
-        found = [await store.request_detail(conn, t, deletion_id) for t in tenants]
-        return [detail for detail in found if detail is not None]
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            tenants = [tenant] if tenant else await store.tenants_of(conn, deletion_id)
+            found = [await store.request_detail(conn, t, deletion_id) for t in tenants]
+            details = [detail for detail in found if detail is not None]
+            await conn.rollback()  # a fresh snapshot for the next look
+            settled = details and all(d["verified_at"] is not None for d in details)
+            if settled or time.monotonic() > deadline:
+                return details
+            await asyncio.sleep(0.2)
 
     details = with_connection(settings_of(ctx), load)
     if not details:
