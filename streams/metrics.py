@@ -6,12 +6,15 @@ observer at the edges (a batch applied, a message dead-lettered), as faust's sen
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from projections.deletion.store import PendingDeletions
+from streams.lag import PartitionLag
 
 
 class Metrics:
@@ -87,6 +90,30 @@ class Metrics:
             ["store"],
             registry=registry,
         )
+        self.deletions_overdue = Gauge(
+            "memproj_deletions_overdue",
+            "tombstones past their deadline and not yet acknowledged",
+            ["store"],
+            registry=registry,
+        )
+        self.lag_messages = Gauge(
+            "memproj_consumer_lag_messages",
+            "end offset minus committed offset",
+            ["group", "topic", "partition"],
+            registry=registry,
+        )
+        self.lag_seconds = Gauge(
+            "memproj_consumer_lag_seconds",
+            "age of the oldest unconsumed message",
+            ["group", "topic", "partition"],
+            registry=registry,
+        )
+        self.ghosts = Gauge(
+            "memproj_ghost_items",
+            "items found in a store although the ledger says they are deleted",
+            ["store"],
+            registry=registry,
+        )
         self.deletion_completion = Histogram(
             "memproj_deletion_completion_seconds",
             "time from a deletion request to its last acknowledgement",
@@ -141,12 +168,26 @@ class Metrics:
         self.deletion_completion.observe(seconds)
 
     def pending_deletions(
-        self, by_store: dict[str, tuple[int, float]], stores: tuple[str, ...]
+        self, by_store: Mapping[str, PendingDeletions], stores: tuple[str, ...]
     ) -> None:
         for store in stores:
-            count, oldest = by_store.get(store, (0, 0.0))
-            self.deletions_pending.labels(store).set(count)
-            self.deletion_oldest_pending.labels(store).set(oldest)
+            pending = by_store.get(store, PendingDeletions(0, 0.0, 0))
+            self.deletions_pending.labels(store).set(pending.count)
+            self.deletion_oldest_pending.labels(store).set(pending.oldest_seconds)
+            self.deletions_overdue.labels(store).set(pending.overdue)
+
+    def consumer_lag(self, lags: Iterable[PartitionLag]) -> None:
+        """Replace every lag series: a group or partition that is gone disappears."""
+        self.lag_messages.clear()
+        self.lag_seconds.clear()
+        for lag in lags:
+            labels = (lag.group, lag.topic, str(lag.partition))
+            self.lag_messages.labels(*labels).set(lag.messages)
+            self.lag_seconds.labels(*labels).set(lag.seconds)
+
+    def ghost_items(self, counts: Mapping[str, int]) -> None:
+        for store, count in counts.items():
+            self.ghosts.labels(store).set(count)
 
     def blocked_reads(self, totals: dict[str, int]) -> None:
         """Reads are blocked in whichever process serves them (the CLI, an API); the totals

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     deletion_check_interval_seconds: float = Field(
         1.0, description="how often the deletion worker checks deadlines and verifications"
     )
+    monitor_interval_seconds: float = Field(
+        5.0, description="how often the monitor worker measures consumer lag"
+    )
+    audit_interval_seconds: float = Field(
+        60.0, description="how often the monitor worker audits every derived store for ghosts"
+    )
     cache_ttl_seconds: int = Field(300, description="lifetime of recall and context cache entries")
     cache_namespace: str = Field("memproj", description="prefix of every Redis key memproj writes")
     embedding_dim: int = Field(256, description="dimensions of the default hashing embedder")

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import faust
+import mode
 from mode import Service
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
@@ -38,8 +39,10 @@ from streams.agents.projection import add_projection_agent
 from streams.agents.tombstones import TombstoneHandler, add_tombstone_agent
 from streams.app import build_app
 from streams.kafka import KafkaPublisher
+from streams.lag import LagCollector
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
+from streams.monitoring import MonitorService
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
     DatabaseService,
@@ -62,6 +65,7 @@ METRICS_PORTS = {
     "summaries": 9105,
     "cache": 9106,
     "context": 9107,
+    "monitor": 9108,
 }
 
 
@@ -71,7 +75,7 @@ def metrics_port(settings: Settings, kind: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class WorkerParts:
-    app: faust.App
+    app: faust.App | None  # None: a worker that consumes nothing (the monitor)
     services: list[Service]
     metrics: Metrics
 
@@ -213,16 +217,41 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
     return WorkerParts(parts.app, parts.services, metrics)
 
 
+def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
+    """Consumer lag of every memproj group and the ghost audit of every derived store."""
+    pool = make_pool(settings.postgres_dsn, settings.postgres_pool_size)
+    monitor = MonitorService(
+        LagCollector(settings.kafka_bootstrap, settings.group_prefix),
+        pool,
+        vector_store(settings),
+        RedisCache(
+            connect_redis(settings.redis_url), settings.cache_ttl_seconds, settings.cache_namespace
+        ),
+        metrics,
+        timedelta(seconds=settings.monitor_interval_seconds),
+        timedelta(seconds=settings.audit_interval_seconds),
+    )
+    services: list[Service] = [
+        MetricsService(metrics, settings.metrics_host, metrics_port(settings, "monitor")),
+        DatabaseService(pool),
+        monitor,
+    ]
+    return WorkerParts(None, services, metrics)
+
+
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
     "memory": build_memory_worker,
     "conversation": build_conversation_worker,
     "deletion": build_deletion_worker,
     **{store: partial(build_store_worker, store=store) for store in STORES},
+    "monitor": build_monitor_worker,
 }
 
 
-def build_worker(settings: Settings, kind: str) -> faust.Worker:
+def build_worker(settings: Settings, kind: str) -> mode.Worker:
     parts = WORKER_KINDS[kind](settings, Metrics(CollectorRegistry()))
+    if parts.app is None:
+        return mode.Worker(*parts.services, loglevel=settings.log_level, redirect_stdouts=False)
     return faust.Worker(
         parts.app,
         *parts.services,

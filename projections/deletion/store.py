@@ -10,6 +10,7 @@ deletion then removes it) or sees the erasure (and is refused).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -475,14 +476,23 @@ async def blocked_reads(conn: Conn) -> dict[str, int]:
     return {row[0]: int(row[1]) for row in await cursor.fetchall()}
 
 
-async def pending_by_store(conn: Conn, now: datetime) -> dict[str, tuple[int, float]]:
-    """Per store: tombstones not yet acknowledged, and the age of the oldest in seconds."""
+@dataclass(frozen=True, slots=True)
+class PendingDeletions:
+    count: int
+    oldest_seconds: float
+    overdue: int
+
+
+async def pending_by_store(conn: Conn, now: datetime) -> dict[str, PendingDeletions]:
+    """Per store: tombstones not yet acknowledged, the age of the oldest, and how many are past
+    their deadline."""
     cursor = await conn.execute(
-        "SELECT a.store, count(*), min(r.cut_off) FROM deletion_store_acks a"
-        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
-        " WHERE a.status <> 'done' GROUP BY a.store"
+        "SELECT a.store, count(*), min(r.cut_off), count(*) FILTER (WHERE a.deadline_at < %s)"
+        " FROM deletion_store_acks a JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE a.status <> 'done' GROUP BY a.store",
+        (now,),
     )
     return {
-        row[0]: (int(row[1]), max(0.0, (now - row[2]).total_seconds()))
+        row[0]: PendingDeletions(int(row[1]), max(0.0, (now - row[2]).total_seconds()), int(row[3]))
         for row in await cursor.fetchall()
     }

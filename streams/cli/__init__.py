@@ -8,6 +8,7 @@ from streams.cli.conversation import conversation
 from streams.cli.deletion import delete, deletion
 from streams.cli.demo import demo
 from streams.cli.memory import memory, recall
+from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
 from streams.settings import Settings
 
@@ -22,7 +23,19 @@ def cli(ctx: click.Context) -> None:
     ctx.obj = Settings()
 
 
-for command in (topics, db, worker, recall, memory, conversation, delete, deletion, demo):
+for command in (
+    topics,
+    db,
+    worker,
+    recall,
+    memory,
+    conversation,
+    delete,
+    deletion,
+    audit,
+    top,
+    demo,
+):
     cli.add_command(command)
 
 

@@ -1,0 +1,76 @@
+"""The monitor worker's duties: consumer lag of every memproj group, and the reconciliation
+audit of every derived store (``memproj_ghost_items``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mode import Service
+from psycopg_pool import AsyncConnectionPool
+
+from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.deletion.audit import audit_ghosts
+from projections.embeddings.vectors import VectorStore
+from streams.lag import LagCollector
+from streams.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class MonitorService(Service):
+    def __init__(
+        self,
+        lag: LagCollector,
+        pool: AsyncConnectionPool[Conn],
+        vectors: VectorStore,
+        cache: RedisCache,
+        metrics: Metrics,
+        interval: timedelta,
+        audit_interval: timedelta,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        **kwargs: Any,
+    ) -> None:
+        self._lag = lag
+        self._pool = pool
+        self._vectors = vectors
+        self._cache = cache
+        self._metrics = metrics
+        self._interval = interval.total_seconds()
+        self._audit_interval = audit_interval.total_seconds()
+        self._clock = clock
+        self._last_audit = 0.0
+        super().__init__(**kwargs)
+
+    @Service.task
+    async def _duties(self) -> None:
+        while not self.should_stop:
+            try:
+                self._metrics.consumer_lag(await asyncio.to_thread(self._lag.collect))
+            except Exception:
+                log.exception("monitor: lag collection failed")
+            if time.monotonic() - self._last_audit >= self._audit_interval:
+                try:
+                    await self.audit()
+                except Exception:
+                    log.exception("monitor: ghost audit failed")
+            await self.sleep(self._interval)
+
+    async def audit(self) -> None:
+        async with self._pool.connection() as conn:
+            results = await audit_ghosts(conn, self._vectors, self._cache, self._clock())
+        self._last_audit = time.monotonic()
+        self._metrics.ghost_items({store: len(r.ghosts) for store, r in results.items()})
+        for result in results.values():
+            if result.ghosts:
+                log.error(
+                    "ghost audit: %d items in %s, e.g. %s",
+                    len(result.ghosts),
+                    result.store,
+                    result.ghosts[:3],
+                )
