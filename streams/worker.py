@@ -7,6 +7,7 @@ alone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -189,7 +190,8 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
     derived: DerivedStore
     if store == "embeddings":
         vectors = vector_store(settings)
-        derived = EmbeddingsStore(vectors)
+        writes = asyncio.Lock()  # index updates and tombstones write one at a time
+        derived = EmbeddingsStore(vectors, writes)
         indexer = EmbeddingsIndexer(
             parts.pool,
             vectors,
@@ -197,6 +199,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
             parts.publisher,
             settings.topics,
             metrics,
+            writes,
         )
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
         add_index_agent(parts.app, feeds, indexer)

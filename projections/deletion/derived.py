@@ -9,6 +9,7 @@ removed too.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
@@ -19,16 +20,19 @@ from projections.embeddings.vectors import Match, VectorStore, message_entry_id
 from topics.deletion import StoreName, Tombstone
 
 
+@dataclass(frozen=True, slots=True)
+class Erased:
+    removed: int
+    # What of the tombstone's items can still be read in the store; empty means verified.
+    reachable: list[str]
+
+
 class DerivedStore(Protocol):
     @property
     def name(self) -> StoreName: ...
 
-    async def remove(self, tombstone: Tombstone) -> int:
-        """Remove every copy of the tombstone's items; return how many were removed."""
-        ...
-
-    async def reachable(self, tombstone: Tombstone) -> list[str]:
-        """What of the tombstone's items can still be read here; empty means verified."""
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        """Remove every copy of the tombstone's items, then check they are unreachable."""
         ...
 
 
@@ -53,26 +57,28 @@ def match_of(tombstone: Tombstone) -> Match:
 
 class EmbeddingsStore:
     """The vector store. Removal is complete only once old table versions are gone too: a
-    removed vector must not stay readable through the store's history."""
+    removed vector must not stay readable through the store's history.
+
+    ``writes`` is the lock the worker's index updates take too: between removing, purging
+    the history and checking, no other write adds a table version.
+    """
 
     name: StoreName = "embeddings"
 
-    def __init__(self, vectors: VectorStore) -> None:
+    def __init__(self, vectors: VectorStore, writes: asyncio.Lock) -> None:
         self._vectors = vectors
+        self._writes = writes
 
-    async def remove(self, tombstone: Tombstone) -> int:
-        removed = await asyncio.to_thread(self._vectors.remove, match_of(tombstone))
-        await asyncio.to_thread(self._vectors.purge_history)
-        return removed
-
-    async def reachable(self, tombstone: Tombstone) -> list[str]:
-        left = [
-            entry.id for entry in await asyncio.to_thread(self._vectors.find, match_of(tombstone))
-        ]
-        versions = await asyncio.to_thread(self._vectors.history_versions)
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        match = match_of(tombstone)
+        async with self._writes:
+            removed = await asyncio.to_thread(self._vectors.remove, match)
+            await asyncio.to_thread(self._vectors.purge_history)
+            left = [entry.id for entry in await asyncio.to_thread(self._vectors.find, match)]
+            versions = await asyncio.to_thread(self._vectors.history_versions)
         if versions:
             left.append(f"{versions} old table versions")
-        return left
+        return Erased(removed, left)
 
 
 class CacheStore:
@@ -81,21 +87,18 @@ class CacheStore:
     def __init__(self, cache: RedisCache) -> None:
         self._cache = cache
 
-    async def remove(self, tombstone: Tombstone) -> int:
-        return await self._cache.invalidate(
-            tombstone.tenant_id,
-            subject=subject_of(tombstone),
-            conversation_ids=tombstone.conversation_ids(),
-            memory_ids=tombstone.ids("memory"),
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        tenant = tombstone.tenant_id
+        subject = subject_of(tombstone)
+        conversations = tombstone.conversation_ids()
+        memories = tombstone.ids("memory")
+        removed = await self._cache.invalidate(
+            tenant, subject=subject, conversation_ids=conversations, memory_ids=memories
         )
-
-    async def reachable(self, tombstone: Tombstone) -> list[str]:
-        return await self._cache.reachable(
-            tombstone.tenant_id,
-            subject=subject_of(tombstone),
-            conversation_ids=tombstone.conversation_ids(),
-            memory_ids=tombstone.ids("memory"),
+        left = await self._cache.reachable(
+            tenant, subject=subject, conversation_ids=conversations, memory_ids=memories
         )
+        return Erased(removed, left)
 
 
 class ConversationTableStore:
@@ -121,14 +124,12 @@ class ConversationTableStore:
             ),
         )
 
-    async def remove(self, tombstone: Tombstone) -> int:
+    async def erase(self, tombstone: Tombstone) -> Erased:
         criteria, params = self._criteria(tombstone)
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(f"DELETE{criteria}".encode(), params)
-            return cursor.rowcount
-
-    async def reachable(self, tombstone: Tombstone) -> list[str]:
-        criteria, params = self._criteria(tombstone)
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(f"SELECT conversation_id{criteria}".encode(), params)
-            return [f"{self._table}:{row[0]}" for row in await cursor.fetchall()]
+            removed = await conn.execute(f"DELETE{criteria}".encode(), params)
+            await conn.commit()
+            left = await conn.execute(f"SELECT conversation_id{criteria}".encode(), params)
+            return Erased(
+                removed.rowcount, [f"{self._table}:{row[0]}" for row in await left.fetchall()]
+            )

@@ -58,7 +58,9 @@ class EmbeddingsIndexer:
         publisher: KafkaPublisher,
         topics: TopicNames,
         metrics: Metrics,
+        writes: asyncio.Lock,
     ) -> None:
+        self._writes = writes
         self._pool = pool
         self._vectors = vectors
         self._embedder = embedder
@@ -102,10 +104,11 @@ class EmbeddingsIndexer:
             await deletion_store.lock_tenants(conn, (u.tenant_id for u in updates), exclusive=False)
             held = await self._authoritative(conn, updates)
             plan = plan_index(updates, held, self._embedder)
-            for match in plan.removals:
-                await asyncio.to_thread(self._vectors.remove, match)
-            if plan.upserts:
-                await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
+            async with self._writes:
+                for match in plan.removals:
+                    await asyncio.to_thread(self._vectors.remove, match)
+                if plan.upserts:
+                    await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
         await self._publisher.publish(
             [
                 OutboxMessage(

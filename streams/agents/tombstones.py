@@ -60,10 +60,9 @@ class TombstoneHandler:
         while True:
             attempt += 1
             try:
-                removed = await self.store.remove(tombstone)
-                left = await self.store.reachable(tombstone)
-                if left:
-                    raise StillReachable(f"still reachable: {', '.join(left[:5])}")
+                erased = await self.store.erase(tombstone)
+                if erased.reachable:
+                    raise StillReachable(f"still reachable: {', '.join(erased.reachable[:5])}")
             except Exception as exc:
                 delay = min(self._max_backoff, 0.2 * 2**attempt)
                 log.warning(
@@ -76,8 +75,8 @@ class TombstoneHandler:
                 await self._acknowledge(tombstone, "failed", 0, attempt, str(exc)[:500])
                 await asyncio.sleep(delay)
                 continue
-            await self._acknowledge(tombstone, "done", removed, attempt, None)
-            self._metrics.tombstone_applied(self.store.name, removed)
+            await self._acknowledge(tombstone, "done", erased.removed, attempt, None)
+            self._metrics.tombstone_applied(self.store.name, erased.removed)
             return
 
     async def _acknowledge(
