@@ -43,6 +43,10 @@ class IdempotencyCheck:
         key = (event.tenant_id, event.event_id)
         body_hash = event.body_hash()
         previous = self._batch.get(key) or self.stored.get(key)
+        if previous is not None and not event.readable:
+            # Its fields were shredded, so its hash cannot match the one seen before.
+            self.redelivered += 1
+            return Seen.REDELIVERED
         if previous is None:
             self._batch[key] = body_hash
             self.processed.append(ProcessedEvent(event.tenant_id, event.event_id, body_hash))

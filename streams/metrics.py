@@ -41,6 +41,12 @@ class Metrics:
             ["projection", "kind"],
             registry=registry,
         )
+        self.shredded_events = Counter(
+            "memproj_shredded_events_skipped",
+            "sealed events whose data key a deletion destroyed, skipped unread",
+            ["projection"],
+            registry=registry,
+        )
         self.projection_staleness = Gauge(
             "memproj_projection_staleness_seconds",
             "now minus occurred_at of the newest applied event",
@@ -200,6 +206,10 @@ class Metrics:
 
     def redacted(self, kind: str, count: int) -> None:
         self.redactions.labels(kind).inc(count)
+
+    def shredded(self, projection: str, count: int) -> None:
+        if count:
+            self.shredded_events.labels(projection).inc(count)
 
     def retried(self, projection: str, error: str) -> None:
         self.batch_retries.labels(projection, error).inc()

@@ -13,6 +13,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn
+from topics.registry import SEALED_TOPICS, TopicNames, TopicSpec
+
+SEALED = {spec.base_name.removesuffix(".sealed"): spec for spec in SEALED_TOPICS}
 
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
@@ -74,3 +77,26 @@ async def wait_caught_up(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{projection}: {left} messages of {topic} still to apply")
         await asyncio.sleep(interval)
+
+
+async def wait_pipeline(
+    conn: Conn,
+    bootstrap: str,
+    topics: TopicNames,
+    raw: TopicSpec,
+    projection: str,
+    deadline_seconds: float = 120.0,
+    interval: float = 0.2,
+) -> None:
+    """Wait until ``projection`` has applied everything in ``raw`` as of this call: through the
+    sealer first when the projection reads the sealed log, then the projection itself."""
+    sealed = SEALED.get(raw.base_name)
+    if sealed is None:
+        await wait_caught_up(
+            conn, bootstrap, projection, topics.name(raw), deadline_seconds, interval
+        )
+        return
+    await wait_caught_up(conn, bootstrap, "sealer", topics.name(raw), deadline_seconds, interval)
+    await wait_caught_up(
+        conn, bootstrap, projection, topics.name(sealed), deadline_seconds, interval
+    )

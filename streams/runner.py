@@ -41,6 +41,7 @@ from streams.kafka import KafkaPublisher, PublishFailed
 from streams.metrics import Metrics
 from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
+from topics.messages import InputMessage
 from topics.outputs import DeadLetter, Rejection
 from topics.registry import DLQ_SUFFIX, TopicNames, TopicSpec, entity_key
 
@@ -51,15 +52,6 @@ EventContra = TypeVar("EventContra", bound=EventLike, contravariant=True)
 StateT = TypeVar("StateT")
 OutcomeT = TypeVar("OutcomeT", bound="Outcome")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class InputMessage:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
 
 
 class Outcome(Protocol):
@@ -73,6 +65,9 @@ class Outcome(Protocol):
 
     @property
     def redelivered(self) -> int: ...
+
+    @property
+    def shredded(self) -> int: ...
 
     def applied_event_types(self) -> list[str]: ...
 
@@ -99,6 +94,10 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
     @property
     def codec(self) -> Codec: ...
 
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        """Read what decoding the batch needs (the sealed log's data keys), in its
+        transaction."""
+
     async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
 
     def reduce(
@@ -117,6 +116,7 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
 class BatchReport:
     messages: int
     skipped_offsets: int
+    shredded: int
     dead_letters: int
     applied: int
     rejected: int
@@ -203,6 +203,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                 conn, projection.name, ((m.topic, m.partition) for m in messages)
             )
             fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
+            await projection.prepare_decode(conn, fresh)
             events, positions, dead = self._decode(fresh)
             seen = await bookkeeping.load_seen(
                 conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
@@ -229,10 +230,12 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             self._metrics.rejected(rejection.reason.value)
         skipped = len(messages) - len(fresh)
         self._metrics.redelivered(projection.name, "offset", skipped)
+        self._metrics.shredded(projection.name, outcome.shredded)
         self._metrics.redelivered(projection.name, "event_id", outcome.redelivered)
         report = BatchReport(
             messages=len(messages),
             skipped_offsets=skipped,
+            shredded=outcome.shredded,
             dead_letters=len(dead),
             applied=len(applied_event_types),
             rejected=len(outcome.rejections),

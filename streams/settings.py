@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         "(memory 9101), 0: disabled",
     )
     log_level: str = Field("info", description="worker log level")
+    master_key: str = Field(
+        "bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE=",
+        description="base64 of the 32-byte key that wraps every data key (crypto-shredding). "
+        "The default is for local development only: set your own everywhere else",
+    )
     failpoint: str = Field(
         "",
         description="testing aid: '<projection>:after_commit' kills the worker (SIGKILL) right "

@@ -34,6 +34,9 @@ from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.vectors import LanceVectorStore
 from projections.memory.projection import MemoryProjection
+from projections.sealing.crypto import parse_master_key
+from projections.sealing.keys import KeyStore
+from projections.sealing.sealer import Sealer
 from streams.agents.cache import add_cache_freshness_agent
 from streams.agents.index import EmbeddingsIndexer, add_index_agent
 from streams.agents.projection import add_projection_agent
@@ -59,6 +62,7 @@ from topics.schemas import default_schemas
 
 # Each kind has its own port, so that every worker on one host can be scraped.
 METRICS_PORTS = {
+    "sealer": 9100,
     "memory": 9101,
     "conversation": 9102,
     "deletion": 9103,
@@ -129,21 +133,40 @@ def build_projection_worker(
     return WorkerParts(parts.app, services, metrics)
 
 
-def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    projection = MemoryProjection(
+def key_store(settings: Settings) -> KeyStore:
+    return KeyStore(parse_master_key(settings.master_key))
+
+
+def build_sealer_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
+    """Raw input in, the sealed long-retention log out (see projections.sealing)."""
+    sealer = Sealer(
+        default_schemas(), settings.topics, key_store(settings), settings.max_memory_value_bytes
+    )
+    return build_projection_worker(settings, metrics, sealer)
+
+
+def memory_projection(settings: Settings) -> MemoryProjection:
+    return MemoryProjection(
         default_schemas(),
         settings.topics,
         settings.max_memory_value_bytes,
         timedelta(seconds=settings.deletion_deadline_seconds),
+        key_store(settings),
     )
-    return build_projection_worker(settings, metrics, projection)
+
+
+def conversation_projection(settings: Settings, metrics: Metrics) -> ConversationProjection:
+    return ConversationProjection(
+        default_schemas(), settings.topics, settings.context, metrics, key_store(settings)
+    )
+
+
+def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
+    return build_projection_worker(settings, metrics, memory_projection(settings))
 
 
 def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    projection = ConversationProjection(
-        default_schemas(), settings.topics, settings.context, metrics
-    )
-    return build_projection_worker(settings, metrics, projection)
+    return build_projection_worker(settings, metrics, conversation_projection(settings, metrics))
 
 
 def vector_store(settings: Settings) -> LanceVectorStore:
@@ -243,6 +266,7 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
 
 
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
+    "sealer": build_sealer_worker,
     "memory": build_memory_worker,
     "conversation": build_conversation_worker,
     "deletion": build_deletion_worker,

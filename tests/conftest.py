@@ -29,7 +29,7 @@ from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
 from streams.kafka import create_topics, producer_config
-from streams.progress import committed_offsets, end_offsets, wait_caught_up
+from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
 from streams.settings import Settings
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
@@ -143,6 +143,7 @@ class Env:
     tmp_path: Path
     workers: list[WorkerProcess] = field(default_factory=list)
     siblings: list[Env] = field(default_factory=list)
+    parent: Env | None = None
 
     def topic(self, spec: TopicSpec) -> str:
         return self.settings.topics.name(spec)
@@ -164,6 +165,13 @@ class Env:
         return self.produce(self.topic(spec), (to_message(event) for event in events))
 
     def worker(self, kind: str = "memory", **overrides: Any) -> WorkerProcess:
+        # The projections read the sealed log, which only the sealer writes.
+        if (
+            kind in ("memory", "conversation")
+            and self.parent is None
+            and not any(w.kind == "sealer" and w.alive() for w in self.workers)
+        ):
+            self.worker("sealer")
         settings = self.settings.model_copy(update=overrides) if overrides else self.settings
         worker = WorkerProcess(
             kind, settings, self.tmp_path / f"worker-{kind}-{len(self.workers)}.log"
@@ -174,11 +182,19 @@ class Env:
     def wait_caught_up(
         self, spec: TopicSpec = MEMORY_EVENTS, projection: str = "memory", seconds: float = 90
     ) -> None:
+        sealing = self.parent or self  # a sibling reads the sealed log its parent writes
+
         async def wait() -> None:
+            bootstrap = self.settings.kafka_bootstrap
+            sealed = SEALED.get(spec.base_name)
+            if sealed is not None:
+                async with await psycopg.AsyncConnection.connect(
+                    sealing.settings.postgres_dsn
+                ) as conn:
+                    await wait_caught_up(conn, bootstrap, "sealer", self.topic(spec), seconds)
             async with await psycopg.AsyncConnection.connect(self.settings.postgres_dsn) as conn:
-                await wait_caught_up(
-                    conn, self.settings.kafka_bootstrap, projection, self.topic(spec), seconds
-                )
+                topic = self.topic(sealed or spec)
+                await wait_caught_up(conn, bootstrap, projection, topic, seconds)
 
         try:
             asyncio.run(wait())
@@ -227,18 +243,23 @@ class Env:
         return asyncio.run(run())
 
     def sibling(self, name: str) -> Env:
-        """Another projection of the same topics: its own schema and consumer groups."""
+        """Another projection of the same topics: its own schema and consumer groups, and
+        this one's data keys (the sealed log is sealed with them)."""
         schema = f"{self.schema}_{name}"
         with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {schema}")
         settings = self.settings.model_copy(
             update={
-                "postgres_dsn": self.settings.postgres_dsn.replace(self.schema, schema),
+                "postgres_dsn": self.settings.postgres_dsn.replace(
+                    f"search_path%3D{self.schema}", f"search_path%3D{schema}%2C{self.schema}"
+                ),
                 "group_prefix": f"{self.settings.group_prefix}-{name}",
             }
         )
         apply_migrations(settings.postgres_dsn)
-        sibling = Env(settings, schema, self.tmp_path / name)
+        with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {schema}.entity_keys, {schema}.shredded_keys")
+        sibling = Env(settings, schema, self.tmp_path / name, parent=self)
         sibling.tmp_path.mkdir()
         self.siblings.append(sibling)
         return sibling

@@ -134,6 +134,10 @@ class Acknowledgement(Frozen):
     def body_hash(self) -> bytes:
         return hashlib.sha256(pydantic_core.to_json(self)).digest()
 
+    @property
+    def readable(self) -> bool:
+        return True
+
 
 StoreStatus = Literal["pending", "done", "failed", "overdue"]
 

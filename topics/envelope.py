@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Protocol, get_args
 
 import pydantic_core
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 # References such as "conv_71/msg_993" join two identifiers, so they get more room.
@@ -64,6 +64,9 @@ class EventLike(Protocol):
 
     def body_hash(self) -> bytes: ...
 
+    @property
+    def readable(self) -> bool: ...
+
 
 class Envelope(Wire):
     """Fields common to every input event; concrete events add ``event_type`` and ``payload``."""
@@ -78,6 +81,16 @@ class Envelope(Wire):
 
     # The payload field naming the entity the message key must point at.
     entity_field: ClassVar[str]
+    # False when the event's personal fields could not be opened (crypto-shredded): it keeps
+    # its identity for the erasure guard and idempotency, and must never be applied.
+    _readable: bool = PrivateAttr(default=True)
+
+    @property
+    def readable(self) -> bool:
+        return self._readable
+
+    def mark_unreadable(self) -> None:
+        self._readable = False
 
     @classmethod
     def declared_event_type(cls) -> str:

@@ -100,6 +100,7 @@ class DeadLetterReason(StrEnum):
     INVALID_EVENT = "invalid_event"
     KEY_MISMATCH = "key_mismatch"
     VALUE_TOO_LARGE = "value_too_large"
+    UNREADABLE_SEAL = "unreadable_seal"
 
 
 class DeadLetter(Frozen):

@@ -44,10 +44,24 @@ class TopicSpec:
         return config
 
 
-def _input(base_name: str, key: str, description: str) -> TopicSpec:
+def _input(base_name: str, key: str, description: str, retention_ms: int) -> TopicSpec:
     # Six partitions spread evenly over one, two, three or six workers of a kind.
     return TopicSpec(
-        base_name, key, TopicRole.INPUT, 6, CleanupPolicy.DELETE, 7 * DAY_MS, description
+        base_name, key, TopicRole.INPUT, 6, CleanupPolicy.DELETE, retention_ms, description
+    )
+
+
+def _sealed(raw: TopicSpec) -> TopicSpec:
+    """The long-retention log the projections consume and replay from: the raw events with
+    their personal fields sealed by per-entity keys (crypto-shredding)."""
+    return TopicSpec(
+        raw.base_name + ".sealed",
+        raw.key,
+        TopicRole.OUTPUT,
+        raw.partitions,
+        CleanupPolicy.DELETE,
+        None,
+        f"{raw.base_name}, validated and sealed: what projections consume and replay",
     )
 
 
@@ -63,15 +77,25 @@ def _dead_letter(source: TopicSpec) -> TopicSpec:
     )
 
 
+# Raw input holds personal data in plaintext until the sealer has read it: keep it short.
 MEMORY_EVENTS = _input(
-    "memory.events", "tenant_id:memory_id", "memory.proposed|verified|corrected|revoked"
+    "memory.events",
+    "tenant_id:memory_id",
+    "memory.proposed|verified|corrected|revoked",
+    DAY_MS,
 )
 CONVERSATION_EVENTS = _input(
     "conversation.events",
     "tenant_id:conversation_id",
     "conversation.started|message_added|summary_updated",
+    DAY_MS,
 )
-DELETION_REQUESTS = _input("deletion.requests", "tenant_id:deletion_id", "deletion.requested")
+# Requests carry ids and reasons, no personal content; the ledger in PostgreSQL is the record.
+DELETION_REQUESTS = _input(
+    "deletion.requests", "tenant_id:deletion_id", "deletion.requested", 30 * DAY_MS
+)
+MEMORY_SEALED = _sealed(MEMORY_EVENTS)
+CONVERSATION_SEALED = _sealed(CONVERSATION_EVENTS)
 
 DELETION_TOMBSTONES = TopicSpec(
     "deletion.tombstones",
@@ -150,8 +174,10 @@ DELETION_REJECTIONS = TopicSpec(
 )
 
 INPUT_TOPICS: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS, DELETION_REQUESTS)
+SEALED_TOPICS: tuple[TopicSpec, ...] = (MEMORY_SEALED, CONVERSATION_SEALED)
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     *INPUT_TOPICS,
+    *SEALED_TOPICS,
     DELETION_TOMBSTONES,
     DELETION_ACKS,
     DELETION_STATUS,
@@ -161,7 +187,10 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_MESSAGES,
     DELETION_REJECTIONS,
     # Internal topics get dead-letter topics too: a worker never crashes on a bad message.
-    *(_dead_letter(spec) for spec in (*INPUT_TOPICS, DELETION_TOMBSTONES, DELETION_ACKS)),
+    *(
+        _dead_letter(spec)
+        for spec in (*INPUT_TOPICS, *SEALED_TOPICS, DELETION_TOMBSTONES, DELETION_ACKS)
+    ),
 )
 
 

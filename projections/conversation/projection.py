@@ -19,12 +19,15 @@ from projections.conversation.reducer import (
 )
 from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
+from projections.sealing.codec import SealedCodec
+from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
+from topics.messages import InputMessage
 from topics.registry import (
-    CONVERSATION_EVENTS,
     CONVERSATION_MESSAGES,
     CONVERSATION_REJECTIONS,
+    CONVERSATION_SEALED,
     TopicNames,
     TopicSpec,
     entity_key,
@@ -38,7 +41,7 @@ class RedactionObserver(Protocol):
 
 class ConversationProjection:
     name = "conversation"
-    input_specs: tuple[TopicSpec, ...] = (CONVERSATION_EVENTS,)
+    input_specs: tuple[TopicSpec, ...] = (CONVERSATION_SEALED,)
     rejections_spec = CONVERSATION_REJECTIONS
 
     def __init__(
@@ -47,12 +50,16 @@ class ConversationProjection:
         topics: TopicNames,
         context: ContextSettings,
         observer: RedactionObserver,
+        keys: KeyStore,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("conversation."))
-        self.codec = EventCodec(schemas, accepted)
+        self.codec = SealedCodec(EventCodec(schemas, accepted), keys)
         self._context = context
         self._observer = observer
         self._messages_topic = topics.name(CONVERSATION_MESSAGES)
+
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        await self.codec.load_keys(conn, (m.value for m in messages))
 
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
         # Shared tenant locks before the erasure index is read (see projections.deletion.store).

@@ -297,6 +297,7 @@ class BatchResult:
     redelivered: int = 0
     applied: list[str] = field(default_factory=list)
     redactions: Redactions = field(default_factory=Counter)
+    shredded: int = 0
 
     def applied_event_types(self) -> list[str]:
         return self.applied
@@ -333,6 +334,9 @@ def reduce_batch(
                     record,
                 ).rejection
             )
+            continue
+        if not event.readable:
+            result.shredded += 1
             continue
         decision = evolve(event, record, known)
         if isinstance(decision, Refused):

@@ -226,6 +226,7 @@ class LedgerBatch:
     processed: list[ProcessedEvent] = field(default_factory=list)
     redelivered: int = 0
     applied: list[str] = field(default_factory=list)
+    shredded: int = 0
 
     def applied_event_types(self) -> list[str]:
         return self.applied

@@ -27,6 +27,7 @@ from projections.idempotency import EventKey
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
 from topics.envelope import EventLike
+from topics.messages import InputMessage
 from topics.outputs import DeadLetterReason
 from topics.registry import (
     DELETION_ACKS,
@@ -90,6 +91,9 @@ class LedgerProjection:
         self._embedder = embedder
         self._default_deadline = default_deadline
         self._observer = observer
+
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        """Requests and acknowledgements carry nothing sealed."""
 
     async def load(self, conn: Conn, events: Sequence[LedgerEvent]) -> LedgerState:
         requests = [e for e in events if isinstance(e, DeletionRequested)]

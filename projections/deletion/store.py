@@ -25,6 +25,7 @@ from projections.deletion.ledger import (
     ResolvedTarget,
 )
 from projections.embeddings.embedder import memory_text, message_text
+from projections.sealing.keys import shred
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 
@@ -236,6 +237,13 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
     await conn.execute(
         "DELETE FROM conversations WHERE tenant_id = %s AND conversation_id = ANY(%s)",
         (tenant, conversations),
+    )
+    # Crypto-shredding: the sealed log keeps the events, but no key opens them any more.
+    await shred(
+        conn,
+        [(tenant, "memory", m) for m in memories]
+        + [(tenant, "conversation", c) for c in conversations],
+        entry.deletion_id,
     )
     subject = entry.target.subject()
     await conn.execute(

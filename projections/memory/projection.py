@@ -13,13 +13,16 @@ from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
+from projections.sealing.codec import SealedCodec
+from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec, encode
 from topics.memory import MemoryEvent
+from topics.messages import InputMessage
 from topics.outputs import MemoryRecord
 from topics.registry import (
     MEMORY_CURRENT,
-    MEMORY_EVENTS,
     MEMORY_REJECTIONS,
+    MEMORY_SEALED,
     TopicNames,
     TopicSpec,
     entity_key,
@@ -35,7 +38,7 @@ class MemoryState:
 
 class MemoryProjection:
     name = "memory"
-    input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS,)
+    input_specs: tuple[TopicSpec, ...] = (MEMORY_SEALED,)
     rejections_spec = MEMORY_REJECTIONS
 
     def __init__(
@@ -44,12 +47,16 @@ class MemoryProjection:
         topics: TopicNames,
         max_value_bytes: int,
         revocation_deadline: timedelta,
+        keys: KeyStore,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
-        self.codec = EventCodec(schemas, accepted, {"value": max_value_bytes})
+        self.codec = SealedCodec(EventCodec(schemas, accepted, {"value": max_value_bytes}), keys)
         self._topics = topics
         self._current_topic = topics.name(MEMORY_CURRENT)
         self._revocation_deadline = revocation_deadline
+
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        await self.codec.load_keys(conn, (m.value for m in messages))
 
     async def load(self, conn: Conn, events: Sequence[MemoryEvent]) -> MemoryState:
         # Shared tenant locks first: a deletion of these tenants either committed before this

@@ -214,6 +214,8 @@ class BatchResult:
     redelivered: int = 0
     # Revocations fan out to the derived stores like deletions do.
     revocations: list[LedgerEntry] = field(default_factory=list)
+    # Events whose data key a deletion destroyed, and that no erasure covers: skipped.
+    shredded: int = 0
 
     def applied_event_types(self) -> list[str]:
         return [version.event_type for version in self.versions]
@@ -276,6 +278,9 @@ def reduce_batch(
                     current,
                 ).rejection
             )
+            continue
+        if not event.readable:
+            result.shredded += 1
             continue
         decision = evolve(event, current)
         if isinstance(decision, Refused):

@@ -14,7 +14,8 @@ from typing import Any, cast
 
 import faust
 
-from streams.runner import InputMessage, ProjectionRunner
+from streams.runner import ProjectionRunner
+from topics.messages import InputMessage
 
 Events = Sequence[faust.EventT[bytes]]
 

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from projections.bookkeeping import Conn
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import producer_config
-from streams.progress import end_offsets, wait_caught_up
+from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
 from topics.registry import (
@@ -172,9 +172,7 @@ async def _conversation_report(conn: Conn) -> dict[str, Any]:
 async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict[str, Any]:
     if wait:
         for spec, projection in ((MEMORY_EVENTS, "memory"), (CONVERSATION_EVENTS, "conversation")):
-            await wait_caught_up(
-                conn, settings.kafka_bootstrap, projection, settings.topics.name(spec)
-            )
+            await wait_pipeline(conn, settings.kafka_bootstrap, settings.topics, spec, projection)
     return {"memory": await _memory_report(conn), "conversation": await _conversation_report(conn)}
 
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "ops" / "prometheus" / "alerts.yml"
 DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
-KINDS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
+KINDS = (
+    "sealer", "memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context",
+)  # fmt: skip
 
 
 def free_port() -> int:

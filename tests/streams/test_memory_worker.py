@@ -17,7 +17,7 @@ import pytest
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams.sample import EventFactory, sample_memory_stream, to_message
-from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS
+from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS, MEMORY_SEALED
 
 pytestmark = pytest.mark.integration
 
@@ -169,7 +169,7 @@ def test_redelivery_changes_nothing(env: Any) -> None:
     # ... and the whole topic consumed again from offset 0 by a fresh consumer group.
     worker.stop()
     again = env.worker(group_prefix=env.settings.group_prefix + "-again")
-    env.wait_group_committed(again.settings.group_id("memory"))
+    env.wait_group_committed(again.settings.group_id("memory"), MEMORY_SEALED)
 
     assert env.checksums() == before
     with env.connect() as conn:
@@ -247,15 +247,20 @@ def test_the_worker_exports_the_contract_metrics(env: Any) -> None:
     f = EventFactory(clock=datetime.now(UTC))
     env.produce_events([f.proposed("t1", "m1"), f.verified("t1", "m1", 9)])
     env.produce(env.topic(MEMORY_EVENTS), [(b"t1:x", b"not json")])
-    port = free_port()
+    port, sealer_port = free_port(), free_port()
+    env.worker("sealer", metrics_port=sealer_port)  # dead letters are the sealer's
     env.worker(metrics_port=port)
     env.wait_caught_up()
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = {}
+    for each in (port, sealer_port):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{each}/metrics", timeout=10).read()
+        samples.update(
+            {
+                line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.decode().splitlines()
+                if line and not line.startswith("#")
+            }
+        )
     assert (
         samples['memproj_events_applied_total{event_type="memory.proposed",projection="memory"}']
         == 1

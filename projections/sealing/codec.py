@@ -1,0 +1,64 @@
+"""Decoding the sealed log: open the personal fields with the entity's data key, then decode
+under the contract as usual."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from projections.bookkeeping import Conn
+from projections.sealing.crypto import Unreadable
+from projections.sealing.fields import (
+    EntityRef,
+    Shredded,
+    entity_of,
+    unseal,
+    with_placeholders,
+)
+from projections.sealing.keys import KeyStore
+from topics.codec import EventCodec, InvalidMessage
+from topics.envelope import Envelope
+from topics.outputs import DeadLetterReason
+
+
+class SealedCodec:
+    def __init__(self, inner: EventCodec, keys: KeyStore) -> None:
+        self._inner = inner
+        self._keystore = keys
+        self._keys: dict[EntityRef, bytes] = {}
+
+    async def load_keys(self, conn: Conn, values: Iterable[bytes | None]) -> None:
+        """The data keys of a batch, read in the batch's transaction: a key destroyed by a
+        deletion that committed before is gone for this batch too."""
+        refs = []
+        for value in values:
+            try:
+                raw = orjson.loads(value) if value else None
+            except orjson.JSONDecodeError:
+                continue
+            ref = entity_of(raw) if isinstance(raw, dict) and "payload" in raw else None
+            if ref is not None:
+                refs.append(ref)
+        self._keys = await self._keystore.keys(conn, refs)
+
+    def decode(self, key: bytes | None, value: bytes | None) -> Envelope:
+        if value is None:
+            return self._inner.decode(key, value)
+        try:
+            raw: Any = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return self._inner.decode(key, value)  # says why, as a dead letter
+        if not (isinstance(raw, dict) and isinstance(raw.get("payload"), dict)):
+            return self._inner.decode(key, value)
+        try:
+            return self._inner.decode(key, orjson.dumps(unseal(raw, self._keys.get)))
+        except Shredded:
+            # A deletion destroyed the key: the event keeps its identity (for the erasure
+            # guard and idempotency) and is marked so that nothing ever applies it.
+            event = self._inner.decode(key, orjson.dumps(with_placeholders(raw)))
+            event.mark_unreadable()
+            return event
+        except (Unreadable, KeyError, TypeError) as exc:
+            raise InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)) from exc

@@ -1,0 +1,103 @@
+"""Which fields of which events are personal, and moving them in and out of the seal. Pure.
+
+A sealed event is the validated event (already upcast to its current version) with its
+personal fields removed from the payload and replaced by ``payload.sealed``:
+``{"entity": "<type>:<id>", "fields": "<base64 AES-GCM of their JSON>"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from projections.sealing.crypto import Unreadable, open_fields, seal_fields
+
+
+class Shredded(Unreadable):
+    """The event's data key was destroyed by a deletion: its personal fields are gone."""
+
+
+# event type -> (entity type, personal payload fields)
+PERSONAL_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory.proposed": ("memory", ("value",)),
+    "memory.corrected": ("memory", ("value",)),
+    "conversation.message_added": ("conversation", ("content",)),
+    "conversation.summary_updated": ("conversation", ("text",)),
+}
+ENTITY_FIELD = {"memory": "memory_id", "conversation": "conversation_id"}
+# What stands in for personal fields that can no longer be opened: enough for the event to
+# decode (its ids and times still matter), never applied.
+PLACEHOLDERS: dict[str, dict[str, Any]] = {
+    "memory.proposed": {"value": {}},
+    "memory.corrected": {"value": {}},
+    "conversation.message_added": {"content": []},
+    "conversation.summary_updated": {"text": "[unreadable]"},
+}
+
+EntityRef = tuple[str, str, str]  # (tenant_id, entity type, entity id)
+
+
+def entity_of(event: dict[str, Any]) -> EntityRef | None:
+    """The entity whose key seals this event, or None when it carries nothing personal."""
+    spec = PERSONAL_FIELDS.get(str(event.get("event_type")))
+    if spec is None:
+        return None
+    entity_type = spec[0]
+    return (event["tenant_id"], entity_type, str(event["payload"][ENTITY_FIELD[entity_type]]))
+
+
+def entity_name(ref: EntityRef) -> str:
+    return f"{ref[0]}:{ref[1]}:{ref[2]}"
+
+
+def seal(event: dict[str, Any], data_key: bytes) -> dict[str, Any]:
+    ref = entity_of(event)
+    if ref is None:
+        return event
+    _, names = PERSONAL_FIELDS[event["event_type"]]
+    payload = dict(event["payload"])
+    personal = {name: payload.pop(name) for name in names if name in payload}
+    payload["sealed"] = {
+        "entity": f"{ref[1]}:{ref[2]}",
+        "fields": seal_fields(data_key, personal, event["event_id"]),
+    }
+    return {**event, "payload": payload}
+
+
+def seal_erased(event: dict[str, Any]) -> dict[str, Any]:
+    """An event about something already erased: its personal fields are dropped, not sealed."""
+    ref = entity_of(event)
+    if ref is None:
+        return event
+    _, names = PERSONAL_FIELDS[event["event_type"]]
+    payload = {k: v for k, v in event["payload"].items() if k not in names}
+    payload["sealed"] = {"entity": f"{ref[1]}:{ref[2]}", "erased": True}
+    return {**event, "payload": payload}
+
+
+def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -> dict[str, Any]:
+    """The event with its personal fields restored; raises ``Unreadable`` (or ``Shredded``)
+    when they cannot be opened."""
+    payload = event.get("payload")
+    if not isinstance(payload, dict) or "sealed" not in payload:
+        return event
+    ref = entity_of(event)
+    if ref is None:
+        return event
+    if payload["sealed"].get("erased"):
+        raise Shredded(f"{entity_name(ref)} was erased before this event was sealed")
+    data_key = key_of(ref)
+    if data_key is None:
+        raise Shredded(f"the key of {entity_name(ref)} no longer exists")
+    payload = dict(payload)
+    sealed = payload.pop("sealed")
+    payload.update(open_fields(data_key, sealed["fields"], event["event_id"]))
+    return {**event, "payload": payload}
+
+
+def with_placeholders(event: dict[str, Any]) -> dict[str, Any]:
+    """The sealed event with placeholders for the fields that cannot be opened any more."""
+    payload = dict(event["payload"])
+    payload.pop("sealed", None)
+    payload.update(PLACEHOLDERS.get(str(event.get("event_type")), {}))
+    return {**event, "payload": payload}

@@ -1,0 +1,129 @@
+"""The sealing stage: raw input in, the long-retention sealed log out.
+
+It validates every raw event under the contract (invalid ones become dead letters here, once),
+seals the personal fields with the entity's data key, and publishes the sealed event, in the
+same partition order, to ``<topic>.sealed``. An event about an entity erased at or after the
+time it happened is written without its personal fields at all: it still reaches the
+projections (which refuse it as ``erased``), and nothing of it was ever stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import store as deletion_store
+from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
+from projections.idempotency import EventKey, ProcessedEvent
+from projections.sealing.fields import EntityRef, entity_of, seal, seal_erased
+from projections.sealing.keys import KeyStore
+from topics.codec import EventCodec
+from topics.envelope import Envelope
+from topics.messages import InputMessage
+from topics.outputs import Rejection
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    MEMORY_EVENTS,
+    MEMORY_REJECTIONS,
+    TopicNames,
+    TopicSpec,
+)
+from topics.schemas import SchemaRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class SealingState:
+    keys: dict[EntityRef, bytes]
+    erasures: ErasureIndex
+
+
+@dataclass(slots=True)
+class Sealed:
+    messages: list[OutboxMessage] = field(default_factory=list)
+    erased: int = 0
+    # The sealer decides nothing about events: idempotency is the projections' job.
+    processed: list[ProcessedEvent] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    redelivered: int = 0
+    shredded: int = 0
+
+    def applied_event_types(self) -> list[str]:
+        return []
+
+
+def _erasure_key(ref: EntityRef) -> tuple[str, str, str, str]:
+    tenant, entity_type, entity_id = ref
+    if entity_type == "memory":
+        return memory_key(tenant, entity_id)
+    return conversation_key(tenant, entity_id)
+
+
+class Sealer:
+    name = "sealer"
+    input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS)
+    rejections_spec = MEMORY_REJECTIONS
+
+    def __init__(self, schemas: SchemaRegistry, topics: TopicNames, keys: KeyStore,
+                 max_value_bytes: int) -> None:  # fmt: skip
+        accepted = frozenset(
+            t for t in schemas.event_types() if t.startswith(("memory.", "conversation."))
+        )
+        self.codec = EventCodec(schemas, accepted, {"value": max_value_bytes})
+        self._topics = topics
+        self._keys = keys
+
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        """Raw input is plaintext: nothing to prepare."""
+
+    async def load(self, conn: Conn, events: Sequence[Envelope]) -> SealingState:
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        refs = {e.event_id: ref for e in events if (ref := entity_of(_raw(e))) is not None}
+        erasures = await deletion_store.load_erasures(conn, map(_erasure_key, refs.values()))
+        # Keys only for what is not erased: an erased event's fields are never written at all.
+        wanted = [
+            ref
+            for event in events
+            if (ref := refs.get(event.event_id)) is not None
+            and erasures.covering([_erasure_key(ref)], event.occurred_at) is None
+        ]
+        return SealingState(await self._keys.keys(conn, wanted, create=True), erasures)
+
+    def reduce(
+        self, events: Sequence[Envelope], state: SealingState, seen: dict[EventKey, bytes]
+    ) -> Sealed:
+        sealed = Sealed()
+        for event in events:
+            raw = _raw(event)
+            ref = entity_of(raw)
+            if ref is not None:
+                if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
+                    sealed.erased += 1
+                    raw = seal_erased(raw)
+                else:
+                    raw = seal(raw, state.keys[ref])
+            topic = f"{self._topics.prefix}{_raw_topic(event)}.sealed"
+            key = f"{event.tenant_id}:{event.entity_id}".encode()
+            sealed.messages.append(OutboxMessage(topic, key, orjson.dumps(raw)))
+        return sealed
+
+    async def save(self, conn: Conn, outcome: Sealed) -> None:
+        """Nothing to keep: the sealed log is the output."""
+
+    def outputs(self, outcome: Sealed) -> list[OutboxMessage]:
+        return outcome.messages
+
+    def committed(self, outcome: Sealed) -> None:
+        """Nothing sealer-specific to report."""
+
+
+def _raw(event: Envelope) -> dict[str, object]:
+    return event.model_dump(mode="json")
+
+
+def _raw_topic(event: Envelope) -> str:
+    return (
+        MEMORY_EVENTS if event.event_type.startswith("memory.") else CONVERSATION_EVENTS
+    ).base_name
