@@ -124,9 +124,24 @@ async def staging_table(conn: Conn, like: str) -> str:
     """A temporary copy of ``like``'s columns, emptied at every commit."""
     name = f"staging_{like}"
     await conn.execute(
-        f"CREATE TEMP TABLE IF NOT EXISTS {name} (LIKE {like}) ON COMMIT DELETE ROWS".encode()
+        f"CREATE TEMP TABLE IF NOT EXISTS {name} (LIKE {like} INCLUDING DEFAULTS)"
+        " ON COMMIT DELETE ROWS".encode()
     )
     return name
+
+
+async def copy_new_rows(
+    conn: Conn, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> int:
+    """COPY ``rows`` in, keeping the rows already there (a replay records nothing twice)."""
+    staging = await staging_table(conn, table)
+    await copy_rows(conn, staging, columns, rows)
+    names = ", ".join(columns)
+    cursor = await conn.execute(
+        f"INSERT INTO {table} ({names}) SELECT {names} FROM {staging}"
+        " ON CONFLICT DO NOTHING".encode()
+    )
+    return cursor.rowcount
 
 
 async def claim_processed(conn: Conn, projection: str, processed: Sequence[ProcessedEvent]) -> None:

@@ -37,7 +37,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections import bookkeeping
 from projections.bookkeeping import Conn, OutboxMessage, RejectionRow
 from projections.idempotency import EventKey, ProcessedEvent
-from streams.kafka import KafkaPublisher, PublishFailed
+from streams.kafka import PublishFailed
 from streams.metrics import Metrics
 from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
@@ -70,6 +70,12 @@ class Outcome(Protocol):
     def shredded(self) -> int: ...
 
     def applied_event_types(self) -> list[str]: ...
+
+
+class Publisher(Protocol):
+    async def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        """Return once the broker has every message."""
+        ...
 
 
 class Codec(Protocol):
@@ -140,7 +146,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         self,
         projection: Projection[EventT, StateT, OutcomeT],
         pool: AsyncConnectionPool[Conn],
-        publisher: KafkaPublisher,
+        publisher: Publisher,
         topics: TopicNames,
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),

@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn, copy_rows
+from projections.bookkeeping import Conn, copy_new_rows, copy_rows
 from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
 from projections.deletion.ledger import (
     LedgerEntry,
@@ -168,16 +168,17 @@ def _request_row(e: LedgerEntry) -> tuple[Any, ...]:
 
 
 async def record_entries(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
-    """The requests, their items, the erasure index rows and one pending ack per store."""
+    """The requests, their items, the erasure index rows and one pending ack per store.
+    Idempotent: a rebuild that replays a revocation finds its entry already recorded."""
     if not entries:
         return
-    await copy_rows(
+    await copy_new_rows(
         conn,
         "deletion_requests",
         REQUEST_COLUMNS,
         map(_request_row, entries),
     )
-    await copy_rows(
+    await copy_new_rows(
         conn,
         "deletion_items",
         ("tenant_id", "deletion_id", "item_type", "item_id", "conversation_id"),
@@ -187,13 +188,13 @@ async def record_entries(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
             for item in e.resolved.items()
         ),
     )
-    await copy_rows(
+    await copy_new_rows(
         conn,
         "erased_entities",
         ("tenant_id", "entity_type", "subject_type", "entity_id", "cut_off", "deletion_id"),
         ((*key, e.cut_off, e.deletion_id) for e in entries for key in e.erased),
     )
-    await copy_rows(
+    await copy_new_rows(
         conn,
         "deletion_store_acks",
         ("tenant_id", "deletion_id", "store", "status", "deadline_at"),

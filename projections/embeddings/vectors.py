@@ -135,6 +135,10 @@ class VectorStore(Protocol):
 
     def count(self) -> int: ...
 
+    def entries(self) -> list[VectorEntry]: ...
+
+    def replace_all(self, entries: Sequence[VectorEntry]) -> None: ...
+
 
 # -- filters -------------------------------------------------------------------------------
 
@@ -360,6 +364,19 @@ class LanceVectorStore:
     def count(self) -> int:
         return self._run(lambda table: table.count_rows())
 
+    def entries(self) -> list[VectorEntry]:
+        """Every entry of the store (rebuilds compare a whole table)."""
+        return self._query("true")
+
+    def replace_all(self, entries: Sequence[VectorEntry]) -> None:
+        """Make ``entries`` the whole content in one commit, and drop the old versions."""
+        rows = pa.Table.from_pylist(
+            [_row(entry) for entry in {e.id: e for e in entries}.values()],
+            schema=lance_schema(self.dim),
+        )
+        self._run(lambda table: table.add(rows, mode="overwrite"))
+        self.purge_history()
+
     def _query(self, where: str) -> list[VectorEntry]:
         def query(table: Table) -> pa.Table:
             return table.search().where(where).select(list(_COLUMNS)).limit(None).to_arrow()
@@ -437,3 +454,7 @@ def _entry(row: Mapping[str, Any]) -> VectorEntry:
         occurred_at=row["occurred_at"].astimezone(UTC),
         vector=tuple(row["vector"]),
     )
+
+
+def drop_table(path: Path, table: str) -> None:
+    lancedb.connect(path).drop_table(table)

@@ -33,10 +33,11 @@ from projections.embeddings.indexer import (
     plan_index,
 )
 from projections.embeddings.vectors import VectorStore
-from streams.kafka import KafkaPublisher
+from streams.agents.projection import to_input
 from streams.metrics import Metrics
-from streams.runner import retry_transient
+from streams.runner import Publisher, retry_transient
 from topics.codec import encode
+from topics.messages import InputMessage
 from topics.outputs import MemoryRecord
 from topics.registry import (
     CONVERSATION_REJECTIONS,
@@ -55,7 +56,7 @@ class EmbeddingsIndexer:
         pool: AsyncConnectionPool[Conn],
         vectors: VectorStore,
         embedder: Embedder,
-        publisher: KafkaPublisher,
+        publisher: Publisher,
         topics: TopicNames,
         metrics: Metrics,
         writes: asyncio.Lock,
@@ -69,7 +70,7 @@ class EmbeddingsIndexer:
         self._metrics = metrics
         self._memory_topic = topics.name(MEMORY_CURRENT)
 
-    def decode(self, message: faust.types.tuples.Message) -> IndexUpdate | None:
+    def decode(self, message: InputMessage) -> IndexUpdate | None:
         try:
             if message.topic == self._memory_topic:
                 tenant_id, _, memory_id = (message.key or b"").decode().partition(":")
@@ -172,7 +173,7 @@ def add_index_agent(app: faust.App, topic_names: Sequence[str], indexer: Embeddi
     async def index(stream: faust.StreamT[bytes]) -> None:
         async for batch in stream.noack_take(500, within=0.1):  # type: ignore[attr-defined]
             events = cast(list[faust.EventT[bytes]], batch)
-            decoded = [indexer.decode(event.message) for event in events]
+            decoded = [indexer.decode(message) for message in to_input(events)]
             updates = [update for update in decoded if update is not None]
             try:
                 await retry_transient("embeddings index", partial(indexer.apply, updates))

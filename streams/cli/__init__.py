@@ -10,6 +10,7 @@ from streams.cli.demo import demo
 from streams.cli.memory import memory, recall
 from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
+from streams.cli.replay import offsets, replay
 from streams.settings import Settings
 
 
@@ -34,6 +35,8 @@ for command in (
     deletion,
     audit,
     top,
+    replay,
+    offsets,
     demo,
 ):
     cli.add_command(command)

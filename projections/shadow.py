@@ -1,0 +1,183 @@
+"""Shadow copies of a projection's tables, for rebuilds: create them next to the live ones,
+compare the two per tenant, sweep erased data out, and swap them in atomically.
+
+A shadow lives in its own PostgreSQL schema holding only the projection's tables and the
+bookkeeping it writes; everything else (the ledger, the erasure index, the data keys)
+resolves to the live schema through the search path, so a rebuild consults the live ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from projections.bookkeeping import Conn
+
+BOOKKEEPING = ("processed_events", "projection_offsets", "rejections", "outbox")
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSpec:
+    projection: str
+    # (table, columns that order its rows for the checksum)
+    tables: tuple[tuple[str, str], ...]
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        return tuple(table for table, _ in self.tables)
+
+
+MEMORY = ShadowSpec(
+    "memory", (("memories", "memory_id"), ("memory_versions", "memory_id, version"))
+)
+CONVERSATION = ShadowSpec(
+    "conversation",
+    (
+        ("conversations", "conversation_id"),
+        ("conversation_messages", "conversation_id, seq"),
+        ("conversation_summaries", "conversation_id, summary_version"),
+        ("conversation_context", "conversation_id"),
+    ),
+)
+SPECS = {spec.projection: spec for spec in (MEMORY, CONVERSATION)}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDigest:
+    rows: dict[str, int]
+    digest: str
+
+
+async def checksums(conn: Conn, spec: ShadowSpec) -> dict[str, TenantDigest]:
+    """Row counts per table and one content digest per tenant, over the tables the search
+    path resolves to: two copies are the same exactly when their checksums are."""
+    per_table = []
+    for table, order in spec.tables:
+        query = sql.SQL(
+            "SELECT tenant_id, count(*), md5(string_agg(row_to_json(t)::text, '|' ORDER BY {}))"
+            " FROM {} t GROUP BY tenant_id"
+        ).format(sql.SQL(order), sql.Identifier(table))
+        cursor = await conn.execute(query)
+        per_table.append(
+            (table, {row[0]: (int(row[1]), row[2]) for row in await cursor.fetchall()})
+        )
+    tenants = sorted({tenant for _, found in per_table for tenant in found})
+    result = {}
+    for tenant in tenants:
+        rows = {table: found.get(tenant, (0, ""))[0] for table, found in per_table}
+        digest = "|".join(found.get(tenant, (0, ""))[1] or "" for _, found in per_table)
+        result[tenant] = TenantDigest(rows, digest)
+    return result
+
+
+def differences(
+    live: dict[str, TenantDigest], shadow: dict[str, TenantDigest]
+) -> dict[str, dict[str, dict[str, int] | None]]:
+    """Per tenant that differs: the row counts of each side."""
+    found: dict[str, dict[str, dict[str, int] | None]] = {}
+    for tenant in sorted(set(live) | set(shadow)):
+        left, right = live.get(tenant), shadow.get(tenant)
+        if left is None or right is None or left != right:
+            found[tenant] = {
+                "live": left.rows if left else None,
+                "rebuilt": right.rows if right else None,
+            }
+    return found
+
+
+async def current_schema(conn: Conn) -> str:
+    cursor = await conn.execute("SELECT current_schema()")
+    row = await cursor.fetchone()
+    assert row is not None and row[0], "the live DSN resolves to no schema"
+    return str(row[0])
+
+
+async def create_shadow(conn: Conn, spec: ShadowSpec, live: str, shadow: str) -> None:
+    await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(shadow)))
+    for table in (*spec.table_names, *BOOKKEEPING):
+        await conn.execute(
+            sql.SQL("CREATE TABLE {}.{} (LIKE {}.{} INCLUDING ALL)").format(
+                sql.Identifier(shadow),
+                sql.Identifier(table),
+                sql.Identifier(live),
+                sql.Identifier(table),
+            )
+        )
+
+
+# Deletes, from the tables of the current search path, everything an erasure covers that is
+# not newer than its cut-off. A rebuild that ran while deletions happened is swept before it
+# is swapped in; deleting nothing is the expected outcome.
+_SWEEPS: dict[str, tuple[str, ...]] = {
+    "memory": (
+        "DELETE FROM memories m USING erased_entities e WHERE e.tenant_id = m.tenant_id"
+        " AND m.created_at <= e.cut_off AND ("
+        " (e.entity_type = 'memory' AND e.entity_id = m.memory_id)"
+        " OR (e.entity_type = 'subject' AND e.subject_type = m.subject_type"
+        "     AND e.entity_id = m.subject_id)"
+        " OR (e.entity_type = 'conversation' AND e.entity_id = m.source_conversation_id))",
+        "DELETE FROM memory_versions m USING erased_entities e WHERE e.tenant_id = m.tenant_id"
+        " AND m.occurred_at <= e.cut_off AND ("
+        " (e.entity_type = 'memory' AND e.entity_id = m.memory_id)"
+        " OR (e.entity_type = 'subject' AND e.subject_type = m.subject_type"
+        "     AND e.entity_id = m.subject_id)"
+        " OR (e.entity_type = 'conversation' AND e.entity_id = m.source_conversation_id))",
+    ),
+    "conversation": tuple(
+        f"DELETE FROM {table} t USING erased_entities e WHERE e.tenant_id = t.tenant_id"
+        f" AND t.{stamp} <= e.cut_off AND ("
+        " (e.entity_type = 'conversation' AND e.entity_id = t.conversation_id)"
+        " OR (e.entity_type = 'subject' AND e.subject_type = t.owner_type"
+        "     AND e.entity_id = t.owner_id))"
+        for table, stamp in (
+            ("conversations", "started_at"),
+            ("conversation_messages", "occurred_at"),
+            ("conversation_summaries", "occurred_at"),
+            ("conversation_context", "built_at"),
+        )
+    ),
+}
+
+
+async def sweep_erased(conn: Conn, spec: ShadowSpec) -> int:
+    removed = 0
+    for statement in _SWEEPS[spec.projection]:
+        cursor = await conn.execute(statement.encode())
+        removed += cursor.rowcount
+    return removed
+
+
+async def swap(conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: str) -> None:
+    """In the caller's transaction: the live tables move to ``retired`` and the shadow's take
+    their place; the projection's bookkeeping rows are replaced by the shadow's."""
+    ident = sql.Identifier
+    await conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident(retired)))
+    for table in spec.table_names:
+        await conn.execute(
+            sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                ident(live), ident(table), ident(retired)
+            )
+        )
+        await conn.execute(
+            sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                ident(shadow), ident(table), ident(live)
+            )
+        )
+    for table in ("processed_events", "projection_offsets", "rejections"):
+        await conn.execute(
+            sql.SQL("DELETE FROM {}.{} WHERE projection = %s").format(ident(live), ident(table)),
+            (spec.projection,),
+        )
+        await conn.execute(
+            # The shadow's serial columns draw from the live sequences (LIKE copies the
+            # defaults), so its ids never collide with the live ones.
+            sql.SQL("INSERT INTO {}.{} SELECT * FROM {}.{} WHERE projection = %s").format(
+                ident(live), ident(table), ident(shadow), ident(table)
+            ),
+            (spec.projection,),
+        )
+
+
+async def drop_schema(conn: Conn, schema: str) -> None:
+    await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

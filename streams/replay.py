@@ -1,0 +1,332 @@
+"""Rebuilding a projection by replaying its topics into a shadow copy.
+
+The replay reads the projection's input (the sealed log) with a plain confluent-kafka
+consumer, from the start position up to the end offsets as of the start, and applies it with
+the same runner, reducers and erasure guard as the live worker, into a shadow schema; nothing
+is published. Live workers keep serving meanwhile. The shadow is then compared with the live
+projection per tenant, and swapped in atomically when asked to (or when they agree):
+
+1. lock the live projection's tracking rows (the live worker waits on its next batch);
+2. replay what the live worker applied since the shadow's end, into the shadow;
+3. sweep anything an erasure covers out of the shadow (deletions that happened meanwhile);
+4. move the live tables to a retired schema and the shadow's in, and take over the
+   projection's bookkeeping rows; commit. The live worker carries on, on the new tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
+from psycopg.conninfo import make_conninfo
+
+from projections import shadow as shadows
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.embeddings.vectors import VectorEntry
+from streams.metrics import Metrics
+from streams.runner import Projection, ProjectionRunner
+from streams.services import make_pool
+from streams.settings import Settings
+from topics.messages import InputMessage
+from topics.registry import CONVERSATION_MESSAGES, MEMORY_CURRENT
+
+Start = Literal["earliest"] | datetime | dict[int, int]
+SwapMode = Literal["always", "if-equal", "never"]
+Position = tuple[str, int]
+
+
+class DiscardingPublisher:
+    """A rebuild publishes nothing: its outputs were published when the events first came."""
+
+    async def publish(self, messages: Sequence[OutboxMessage]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class Progress:
+    total: int
+    done: int = 0
+    partitions: int = 0
+    partitions_done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    projection: str
+    shadow: str
+    events: int
+    seconds: float
+    differences: dict[str, Any]
+    swapped: bool = False
+    retired: str | None = None
+    swept: int = 0
+    caught_up: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "projection": self.projection,
+            "shadow": self.shadow,
+            "events": self.events,
+            "seconds": round(self.seconds, 3),
+            "events_per_second": round(self.rate),
+            "identical": not self.differences,
+            "differences": self.differences,
+            "swapped": self.swapped,
+            "retired": self.retired,
+            "swept_after_rebuild": self.swept,
+            "caught_up_before_swap": self.caught_up,
+        }
+
+
+def reader(settings: Settings) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"memproj-replay-{uuid.uuid4().hex}",  # never commits: no group state
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+
+
+def positions(
+    consumer: Consumer, topics: Sequence[str], start: Start
+) -> tuple[dict[Position, int], dict[Position, int]]:
+    """Start and end offsets per partition; the end is fixed when the replay begins."""
+    starts: dict[Position, int] = {}
+    ends: dict[Position, int] = {}
+    for topic in topics:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        for partition in sorted(metadata.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            ends[(topic, partition)] = high
+            if start == "earliest":
+                starts[(topic, partition)] = low
+            elif isinstance(start, dict):
+                starts[(topic, partition)] = max(low, start.get(partition, low))
+            else:
+                millis = int(start.timestamp() * 1000)
+                (found,) = consumer.offsets_for_times(
+                    [TopicPartition(topic, partition, millis)], timeout=10
+                )
+                starts[(topic, partition)] = high if found.offset < 0 else found.offset
+    return starts, ends
+
+
+def read(
+    consumer: Consumer,
+    starts: dict[Position, int],
+    ends: dict[Position, int],
+    batch_size: int,
+    progress: Progress | None = None,
+) -> Iterator[list[InputMessage]]:
+    """The messages between ``starts`` and ``ends``, in batches, in partition order."""
+    wanted = {pos: end for pos, end in ends.items() if starts.get(pos, end) < end}
+    if progress is not None:
+        progress.partitions = len(ends)
+        progress.partitions_done = len(ends) - len(wanted)
+    if not wanted:
+        return
+    consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in wanted])
+    while wanted:
+        batch: list[InputMessage] = []
+        for message in consumer.consume(batch_size, timeout=1.0):
+            if message.error() is not None:
+                raise RuntimeError(f"replay read failed: {message.error()}")
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            position = (topic, partition)
+            end = wanted.get(position)
+            if end is None or offset >= end:
+                continue
+            batch.append(InputMessage(topic, partition, offset, message.key(), message.value()))
+            if offset + 1 >= end:
+                del wanted[position]
+                if progress is not None:
+                    progress.partitions_done += 1
+        if batch:
+            yield batch
+    consumer.unassign()
+
+
+async def _tracked(conn: Conn, projection: str, lock: bool) -> dict[Position, int]:
+    cursor = await conn.execute(
+        "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = %s"
+        + (" ORDER BY topic, partition FOR UPDATE" if lock else ""),
+        (projection,),
+    )
+    return {(str(r[0]), int(r[1])): int(r[2]) for r in await cursor.fetchall()}
+
+
+async def replay_projection(
+    settings: Settings,
+    projection: Projection[Any, Any, Any],
+    start: Start = "earliest",
+    swap: SwapMode = "if-equal",
+    on_progress: Callable[[Progress], None] | None = None,
+    batch_size: int = 2000,
+) -> ReplayReport:
+    spec = shadows.SPECS[projection.name]
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    shadow = f"replay_{projection.name}_{stamp}_{uuid.uuid4().hex[:6]}"
+    async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as live_conn:
+        live = await shadows.current_schema(live_conn)
+        await shadows.create_shadow(live_conn, spec, live, shadow)
+        await live_conn.commit()
+        shadow_dsn = make_conninfo(settings.postgres_dsn, options=f"-csearch_path={shadow},{live}")
+        pool = make_pool(shadow_dsn, 2)
+        await pool.open(wait=True)
+        runner = ProjectionRunner(
+            projection, pool, DiscardingPublisher(), settings.topics, Metrics(CollectorRegistry())
+        )
+        consumer = reader(settings)
+        try:
+            topics = [settings.topics.name(s) for s in projection.input_specs]
+            starts, ends = positions(consumer, topics, start)
+            progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+            began = time.monotonic()
+            for batch in read(consumer, starts, ends, batch_size, progress):
+                await runner.apply(batch)
+                progress.done += len(batch)
+                if on_progress is not None:
+                    on_progress(progress)
+            report = ReplayReport(
+                projection.name, shadow, progress.done, time.monotonic() - began, {}
+            )
+            async with pool.connection() as shadow_conn:
+                rebuilt = await shadows.checksums(shadow_conn, spec)
+            report.differences = shadows.differences(
+                await shadows.checksums(live_conn, spec), rebuilt
+            )
+            await live_conn.commit()
+            if swap == "always" or (swap == "if-equal" and not report.differences):
+                await _swap(live_conn, pool, runner, consumer, spec, live, shadow, report)
+        finally:
+            consumer.close()
+            await pool.close()
+    return report
+
+
+async def _swap(
+    live_conn: Conn,
+    pool: Any,
+    runner: ProjectionRunner[Any, Any, Any],
+    consumer: Consumer,
+    spec: shadows.ShadowSpec,
+    live: str,
+    shadow: str,
+    report: ReplayReport,
+) -> None:
+    retired = f"retired_{shadow.removeprefix('replay_')}"
+    async with live_conn.transaction():
+        # The live worker's next batch waits on these rows until the swap commits.
+        live_offsets = await _tracked(live_conn, spec.projection, lock=True)
+        async with pool.connection() as shadow_conn:
+            shadow_offsets = await _tracked(shadow_conn, spec.projection, lock=False)
+        for batch in read(consumer, shadow_offsets, live_offsets, 2000):
+            await runner.apply(batch)
+            report.caught_up += len(batch)
+        async with pool.connection() as shadow_conn, shadow_conn.transaction():
+            report.swept = await shadows.sweep_erased(shadow_conn, spec)
+        await shadows.swap(live_conn, spec, live, shadow, retired)
+    await shadows.drop_schema(live_conn, shadow)  # only its copies of the bookkeeping remain
+    await live_conn.commit()
+    report.swapped = True
+    report.retired = retired
+
+
+def _digests(entries: Sequence[VectorEntry]) -> dict[str, shadows.TenantDigest]:
+    by_tenant: dict[str, list[VectorEntry]] = {}
+    for entry in entries:
+        by_tenant.setdefault(entry.tenant_id, []).append(entry)
+    return {
+        tenant: shadows.TenantDigest(
+            {"entries": len(found)},
+            hashlib.md5(orjson.dumps(sorted((e.id, e.version, e.text) for e in found))).hexdigest(),
+        )
+        for tenant, found in by_tenant.items()
+    }
+
+
+async def replay_embeddings(
+    settings: Settings,
+    swap: SwapMode = "if-equal",
+    on_progress: Callable[[Progress], None] | None = None,
+    batch_size: int = 2000,
+) -> ReplayReport:
+    """Rebuild the vector store from ``memory.current`` and ``conversation.messages`` into a
+    shadow table, through the same indexer and guard as the live worker; compare per tenant;
+    swap by replacing the live table's content in one commit (old versions purged)."""
+    from projections.embeddings.embedder import HashingEmbedder
+    from projections.embeddings.vectors import LanceVectorStore, drop_table
+    from streams.agents.index import EmbeddingsIndexer
+
+    name = f"embeddings_replay_{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    shadow = LanceVectorStore(settings.vector_store_path, settings.embedding_dim, table=name)
+    live = LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
+    pool = make_pool(settings.postgres_dsn, 2)
+    await pool.open(wait=True)
+    indexer = EmbeddingsIndexer(
+        pool, shadow, HashingEmbedder(settings.embedding_dim), DiscardingPublisher(),
+        settings.topics, Metrics(CollectorRegistry()), asyncio.Lock(),
+    )  # fmt: skip
+    consumer = reader(settings)
+    try:
+        feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
+        starts, ends = positions(consumer, feeds, "earliest")
+        progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+        began = time.monotonic()
+        for batch in read(consumer, starts, ends, batch_size, progress):
+            updates = [u for u in (indexer.decode(m) for m in batch) if u is not None]
+            await indexer.apply(updates)
+            progress.done += len(batch)
+            if on_progress is not None:
+                on_progress(progress)
+        report = ReplayReport("embeddings", name, progress.done, time.monotonic() - began, {})
+        rebuilt = await asyncio.to_thread(shadow.entries)
+        current = await asyncio.to_thread(live.entries)
+        report.differences = shadows.differences(_digests(current), _digests(rebuilt))
+        if swap == "always" or (swap == "if-equal" and not report.differences):
+            members = group_members(settings, settings.group_id("embeddings"))
+            if members:
+                raise RuntimeError(
+                    f"the embeddings worker is running ({', '.join(members)}): stop it to swap"
+                    f" the rebuilt vectors in; the rebuild stays in table {name}"
+                )
+            await asyncio.to_thread(live.replace_all, rebuilt)
+            await asyncio.to_thread(drop_table, settings.vector_store_path, name)
+            report.swapped = True
+    finally:
+        consumer.close()
+        await pool.close()
+    return report
+
+
+def group_members(settings: Settings, group: str) -> list[str]:
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    description = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    return sorted(f"{m.client_id}@{m.host}" for m in description.members)

@@ -1,0 +1,101 @@
+"""Sealing and opening personal fields, with no services."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from projections.deletion.erasure import Erasure, ErasureIndex, memory_key
+from projections.sealing.crypto import (
+    Unreadable,
+    new_data_key,
+    open_fields,
+    parse_master_key,
+    seal_fields,
+    unwrap_key,
+    wrap_key,
+)
+from projections.sealing.fields import Shredded, entity_of, seal, seal_erased, unseal
+from projections.sealing.sealer import Sealer, SealingState
+from streams.sample import EventFactory, to_message
+from topics.codec import EventCodec
+from topics.registry import TopicNames
+from topics.schemas import default_schemas
+
+MASTER = new_data_key()
+
+
+def test_data_keys_are_wrapped_for_one_entity_only() -> None:
+    key = new_data_key()
+    wrapped = wrap_key(MASTER, key, "t1:memory:m1")
+    assert unwrap_key(MASTER, wrapped, "t1:memory:m1") == key
+    with pytest.raises(Unreadable):
+        unwrap_key(MASTER, wrapped, "t1:memory:m2")
+    with pytest.raises(Unreadable):
+        unwrap_key(new_data_key(), wrapped, "t1:memory:m1")
+
+
+def test_sealed_fields_open_only_with_their_key_and_event() -> None:
+    key = new_data_key()
+    sealed = seal_fields(key, {"value": {"text": "allergic to peanuts"}}, "e1")
+    assert "peanuts" not in sealed
+    assert open_fields(key, sealed, "e1") == {"value": {"text": "allergic to peanuts"}}
+    with pytest.raises(Unreadable):
+        open_fields(key, sealed, "e2")  # moved to another event
+    with pytest.raises(Unreadable):
+        open_fields(new_data_key(), sealed, "e1")
+
+
+def test_personal_fields_per_event_type() -> None:
+    f = EventFactory()
+    key = new_data_key()
+    for raw, field in (
+        (f.proposed("t1", "m1", value={"text": "secret"}), "value"),
+        (f.corrected("t1", "m1", 1, {"text": "secret"}), "value"),
+        (f.message("t1", "c1", "x", "user", "secret"), "content"),
+        (f.summary("t1", "c1", 1, "secret", ["x"]), "text"),
+    ):
+        sealed = seal(raw, key)
+        assert field not in sealed["payload"] and b"secret" not in orjson.dumps(sealed)
+        assert unseal(sealed, lambda ref: key) == raw
+        with pytest.raises(Shredded):
+            unseal(sealed, lambda ref: None)
+        erased = seal_erased(raw)
+        assert b"secret" not in orjson.dumps(erased)
+        with pytest.raises(Shredded):
+            unseal(erased, lambda ref: key)
+    verified = f.verified("t1", "m1", 1)
+    assert entity_of(verified) is None and seal(verified, key) == verified
+
+
+def test_the_sealer_writes_nothing_readable_of_an_erased_entity() -> None:
+    schemas = default_schemas()
+    codec = EventCodec(schemas, schemas.event_types())
+    f = EventFactory(clock=datetime(2026, 9, 1, tzinfo=UTC))
+    late = codec.decode(*to_message(f.proposed("t1", "m1", value={"text": "late secret"})))
+    fresh = codec.decode(*to_message(f.proposed("t1", "m2", value={"text": "fresh"})))
+    sealer = Sealer(schemas, TopicNames(), None, 65536)  # type: ignore[arg-type]
+    erasures = ErasureIndex(
+        {
+            memory_key("t1", "m1"): Erasure(
+                "d1", datetime(2026, 9, 1, tzinfo=UTC) + timedelta(hours=1)
+            )
+        }
+    )
+    key = new_data_key()
+    out = sealer.reduce([late, fresh], SealingState({("t1", "memory", "m2"): key}, erasures), {})
+    assert out.erased == 1
+    first, second = (orjson.loads(m.value or b"") for m in out.messages)
+    assert first["payload"]["sealed"] == {"entity": "memory:m1", "erased": True}
+    assert b"late secret" not in out.messages[0].value  # type: ignore[operator]
+    assert unseal(second, lambda ref: key)["payload"]["value"] == {"text": "fresh"}
+    assert [m.topic for m in out.messages] == ["memory.events.sealed", "memory.events.sealed"]
+
+
+def test_the_master_key_must_be_32_bytes_of_base64() -> None:
+    with pytest.raises(ValueError):
+        parse_master_key("not base64!")
+    with pytest.raises(ValueError):
+        parse_master_key("c2hvcnQ=")
