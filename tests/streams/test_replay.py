@@ -1,0 +1,281 @@
+"""Rebuilds from topic offsets, offsets administration, and crypto-shredding, against the
+real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
+
+from projections.memory import store as memory_store
+from projections.memory.projection import MemoryProjection
+from projections.memory.reducer import BatchResult
+from projections.memory.store import RecallQuery
+from projections.sealing.crypto import Unreadable, parse_master_key
+from projections.sealing.fields import Shredded, entity_of, unseal
+from projections.sealing.keys import KeyStore
+from streams.cli import cli
+from streams.metrics import Metrics
+from streams.replay import replay_embeddings, replay_projection
+from streams.sample import EventFactory, sample_conversation_stream, sample_memory_stream
+from streams.worker import conversation_projection, memory_projection
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    CONVERSATION_SEALED,
+    DELETION_REQUESTS,
+    MEMORY_EVENTS,
+    MEMORY_SEALED,
+)
+from topics.schemas import default_schemas
+
+pytestmark = pytest.mark.integration
+ALICE = ("user", "alice")
+
+
+def mixed_stream(env: Any) -> None:
+    env.produce(
+        env.topic(MEMORY_EVENTS), [(m.key, m.value) for m in sample_memory_stream(400, 3, 9)]
+    )
+    env.produce(
+        env.topic(CONVERSATION_EVENTS),
+        [(m.key, m.value) for m in sample_conversation_stream(40, 3, 9)],
+    )
+
+
+def caught_up(env: Any) -> None:
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+
+
+def test_a_rebuild_from_earliest_matches_live_and_swaps_in(env: Any) -> None:
+    mixed_stream(env)
+    env.start("memory", "conversation")
+    caught_up(env)
+    memory = asyncio.run(replay_projection(env.settings, memory_projection(env.settings)))
+    conversation = asyncio.run(
+        replay_projection(
+            env.settings, conversation_projection(env.settings, Metrics(CollectorRegistry()))
+        )
+    )
+    for report in (memory, conversation):
+        assert report.events > 0 and report.differences == {}, report.to_json()
+        assert report.swapped and report.retired is not None
+    # The live workers carry on, on the swapped-in tables.
+    f = EventFactory(id_prefix="after")
+    env.produce_events([f.proposed("tenant_0", "after_swap", ALICE)])
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    found = env.run(lambda c: memory_store.load_memory(c, "tenant_0", "after_swap"))
+    assert found is not None
+
+
+class ChangedReducer(MemoryProjection):
+    """A "bug fix" in the reducer: every kind is now stored in upper case."""
+
+    def reduce(self, events: Any, state: Any, seen: Any) -> BatchResult:
+        result = super().reduce(events, state, seen)
+        result.records = {
+            key: record.model_copy(update={"kind": record.kind.upper()})
+            for key, record in result.records.items()
+        }
+        return result
+
+
+def test_a_rebuild_after_a_reducer_change_reports_differences_and_swaps_only_on_request(
+    env: Any,
+) -> None:
+    mixed_stream(env)
+    env.start("memory")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    changed = ChangedReducer(
+        default_schemas(),
+        env.settings.topics,
+        env.settings.max_memory_value_bytes,
+        timedelta(hours=1),
+        KeyStore(parse_master_key(env.settings.master_key)),
+    )
+    report = asyncio.run(replay_projection(env.settings, changed))
+    assert set(report.differences) == {"tenant_0", "tenant_1", "tenant_2"}
+    assert not report.swapped
+    with env.connect() as conn:
+        kinds = {row[0] for row in conn.execute("SELECT DISTINCT kind FROM memories")}
+    assert kinds == {"preference", "fact", "profile", "goal"}  # live untouched
+
+    forced = asyncio.run(replay_projection(env.settings, changed, swap="always"))
+    assert forced.swapped
+    with env.connect() as conn:
+        kinds = {row[0] for row in conn.execute("SELECT DISTINCT kind FROM memories")}
+    assert kinds == {"PREFERENCE", "FACT", "PROFILE", "GOAL"}
+
+
+def test_live_recall_keeps_answering_during_a_rebuild(env: Any) -> None:
+    env.produce(
+        env.topic(MEMORY_EVENTS), [(m.key, m.value) for m in sample_memory_stream(3000, 3, 4)]
+    )
+    env.start("memory")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    answers: list[int] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def keep_recalling() -> None:
+        async def recall() -> int:
+            async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+                query = RecallQuery("tenant_0", "user", "user_1")
+                return len(await memory_store.recall(conn, query, datetime.now(UTC)))
+
+        while not done.is_set():
+            try:
+                answers.append(asyncio.run(recall()))
+            except BaseException as exc:  # any failure of a live read fails the test
+                failures.append(exc)
+
+    reader = threading.Thread(target=keep_recalling)
+    reader.start()
+    try:
+        report = asyncio.run(replay_projection(env.settings, memory_projection(env.settings)))
+    finally:
+        done.set()
+        reader.join(30)
+    assert not failures, failures[:3]
+    assert len(answers) >= 5 and all(count > 0 for count in answers)
+    assert report.swapped and report.differences == {}
+
+
+def test_after_an_erasure_nothing_of_the_subject_survives_a_replay_or_the_sealed_log(
+    env: Any,
+) -> None:
+    f = EventFactory(id_prefix="s", clock=datetime.now(UTC) - timedelta(minutes=5))
+    env.produce_events(
+        [
+            f.started("acme", "c_alice", ALICE),
+            f.message("acme", "c_alice", "m1", "user", "ALICE-SECRET: my diagnosis is X"),
+            f.summary("acme", "c_alice", 1, "ALICE-SECRET summary", ["m1"]),
+            f.started("acme", "c_bob", ("user", "bob")),
+            f.message("acme", "c_bob", "m1", "user", "BOB-KEEPS this"),
+        ],
+        CONVERSATION_EVENTS,
+    )
+    env.produce_events(
+        [
+            f.proposed("acme", "mem_alice", ALICE, {"text": "ALICE-SECRET value"}),
+            f.corrected("acme", "mem_alice", 1, {"text": "ALICE-SECRET corrected"}),
+            f.proposed("acme", "mem_bob", ("user", "bob"), {"text": "BOB-KEEPS value"}),
+        ]
+    )
+    env.start("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
+    caught_up(env)
+    # A late event about Alice: it happened before the erasure, and arrives after it.
+    late = f.corrected("acme", "mem_alice", 2, {"text": "ALICE-SECRET late"})
+    env.produce_events(
+        [f.deletion("acme", "d1", {"type": "subject", "id": "alice", "subject_type": "user"})],
+        DELETION_REQUESTS,
+    )
+
+    def verified() -> bool:
+        with env.connect() as conn:
+            row = conn.execute("SELECT verified_at FROM deletion_requests").fetchone()
+        return bool(row and row[0])
+
+    env.wait_until(verified, "the erasure to complete")
+    env.produce_events([late])
+    caught_up(env)
+
+    reports = [
+        asyncio.run(replay_projection(env.settings, memory_projection(env.settings))),
+        asyncio.run(
+            replay_projection(
+                env.settings, conversation_projection(env.settings, Metrics(CollectorRegistry()))
+            )
+        ),
+    ]
+    for report in reports:
+        assert report.differences == {} and report.swapped, report.to_json()
+    env.workers[[w.kind for w in env.workers].index("embeddings")].stop()
+    vectors = asyncio.run(replay_embeddings(env.settings))
+    assert vectors.differences == {} and vectors.swapped
+
+    with env.connect() as conn:
+        everything = conn.execute(
+            "SELECT string_agg(t::text, ' ') FROM ("
+            " SELECT row_to_json(m)::text AS t FROM memories m UNION ALL"
+            " SELECT row_to_json(v)::text FROM memory_versions v UNION ALL"
+            " SELECT row_to_json(c)::text FROM conversation_messages c UNION ALL"
+            " SELECT row_to_json(s)::text FROM conversation_summaries s UNION ALL"
+            " SELECT row_to_json(x)::text FROM conversation_context x) rows"
+        ).fetchone()[0]
+    assert "ALICE-SECRET" not in everything and "alice" not in everything
+    assert "BOB-KEEPS" in everything
+
+    # The sealed log, read with a plain consumer: nothing of Alice opens, Bob's still does.
+    keys = KeyStore(parse_master_key(env.settings.master_key))
+
+    async def all_keys() -> dict[Any, bytes]:
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            refs = []
+            for spec in (MEMORY_SEALED, CONVERSATION_SEALED):
+                for _, raw in env.read(spec):
+                    if raw and (ref := entity_of(raw)):
+                        refs.append(ref)
+            return await keys.keys(conn, refs)
+
+    available = asyncio.run(all_keys())
+    opened, unreadable = [], 0
+    for spec in (MEMORY_SEALED, CONVERSATION_SEALED):
+        for _, raw in env.read(spec):
+            assert b"ALICE-SECRET" not in orjson.dumps(raw)
+            if entity_of(raw) is None:
+                continue
+            try:
+                opened.append(orjson.dumps(unseal(raw, available.get)))
+            except (Shredded, Unreadable):
+                unreadable += 1
+    # Alice's proposal, correction and late correction, her message and her summary.
+    assert unreadable == 5
+    assert not any(b"ALICE-SECRET" in text for text in opened)
+    assert any(b"BOB-KEEPS" in text for text in opened)
+
+
+def test_offsets_reset_refuses_while_the_group_is_active(env: Any) -> None:
+    mixed_stream(env)
+    worker = env.worker("memory")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    environment = {
+        f"MEMPROJ_{name.upper()}": str(value) for name, value in env.settings.model_dump().items()
+    }
+    runner = CliRunner()
+    refused = runner.invoke(
+        cli, ["offsets", "reset", "memory", "--to", "earliest"], env=environment
+    )
+    assert refused.exit_code != 0
+    assert (
+        "active members" in refused.output
+        and "stop every `memproj worker memory`" in refused.output
+    )
+
+    shown = runner.invoke(cli, ["offsets", "show", "memory", "--json"], env=environment)
+    before = orjson.loads(shown.output)
+    assert before["active_members"] and all(p["lag_messages"] == 0 for p in before["partitions"])
+
+    worker.stop()
+
+    def empty() -> bool:
+        result = runner.invoke(cli, ["offsets", "show", "memory", "--json"], env=environment)
+        return result.exit_code == 0 and not orjson.loads(result.output)["active_members"]
+
+    env.wait_until(empty, "the group to have no members")
+    reset = runner.invoke(
+        cli, ["offsets", "reset", "memory", "--to", "earliest", "--json"], env=environment
+    )
+    assert reset.exit_code == 0, reset.output
+    assert all(row["offset"] == 0 for row in orjson.loads(reset.output)["reset"])
+    after = orjson.loads(
+        runner.invoke(cli, ["offsets", "show", "memory", "--json"], env=environment).output
+    )
+    assert sum(p["lag_messages"] for p in after["partitions"]) > 0
