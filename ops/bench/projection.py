@@ -11,9 +11,11 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
   or reducing;
 - faust no-op agent: the same faust app and ``noack_take`` loop, acknowledging only: the
   ceiling faust's own per-event machinery puts on any agent;
-- projection apply: ``memproj worker memory`` (faust agent, decode, reduce, one transaction
-  per batch, outbox publish, offsets acknowledged), from the first produced event to the last
-  committed row.
+- rebuild from earliest: ``memproj replay memory`` of the same sealed log into a shadow schema
+  (the same runner, reducer and guard, read with a plain confluent-kafka consumer);
+- projection apply: ``memproj worker sealer`` then ``memproj worker memory`` (faust agents,
+  sealing, decode, reduce, one transaction per batch, outbox publish, offsets acknowledged),
+  from the first produced event to the last committed row.
 
 Rates are events/s of the same stream, so the ratios compare like with like. The machine is
 shared and noisy: read the ratios, not the absolute numbers. Needs ``ops/stack up``.
@@ -37,14 +39,15 @@ import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import reduce_batch
 from projections.migrate import migrate
 from streams.kafka import create_topics, producer_config
-from streams.progress import end_offsets, wait_caught_up
+from streams.progress import end_offsets, wait_pipeline
+from streams.replay import replay_projection
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
-from topics.codec import InvalidMessage
+from streams.worker import memory_projection
+from topics.codec import EventCodec, InvalidMessage
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS
 from topics.schemas import default_schemas
 
@@ -138,11 +141,12 @@ HISTORY = (
 
 def baseline_rows(messages: list[tuple[bytes | None, bytes | None]]) -> list[tuple[Any, Any]]:
     """The rows the projection ends up writing for this stream, computed offline."""
-    projection = MemoryProjection(default_schemas(), Settings().topics, 65536)
+    schemas = default_schemas()
+    codec = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
     events = []
     for key, value in messages:
         try:
-            events.append(projection.codec.decode(key, value))
+            events.append(codec.decode(key, value))
         except InvalidMessage:
             continue
     result = reduce_batch(events, {}, {})  # type: ignore[arg-type]
@@ -183,11 +187,12 @@ def projection_apply(
     environment = dict(os.environ)
     environment.update({f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
     processes = []
-    for number in range(workers):
-        with log_path.with_suffix(f".{number}.log").open("wb") as log:
+    kinds = ["sealer"] + ["memory"] * workers  # the projection reads the sealed log
+    for number, kind in enumerate(kinds):
+        with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "streams", "worker", "memory"],
+                    [sys.executable, "-m", "streams", "worker", kind],
                     env=environment,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -198,11 +203,12 @@ def projection_apply(
 
         async def caught_up() -> None:
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-                await wait_caught_up(
+                await wait_pipeline(
                     conn,
                     settings.kafka_bootstrap,
+                    settings.topics,
+                    MEMORY_EVENTS,
                     "memory",
-                    settings.topics.name(MEMORY_EVENTS),
                     deadline_seconds=900,
                     interval=0.05,
                 )
@@ -254,9 +260,13 @@ def main() -> None:
     messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
     count = len(messages)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    rebuild = None
     try:
         apply_seconds = projection_apply(
             settings, messages, RESULTS / f"worker-{name}.log", args.workers
+        )
+        rebuild = asyncio.run(
+            replay_projection(settings, memory_projection(settings), swap="never")
         )
         consume_seconds = raw_consume(settings, count)
         noop_rate = faust_noop(settings, count)
@@ -265,12 +275,15 @@ def main() -> None:
     finally:
         with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            if rebuild is not None:
+                conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
             conn.execute(f"DROP SCHEMA {baseline_schema} CASCADE")
         AdminClient({"bootstrap.servers": base.kafka_bootstrap}).delete_topics(
             [settings.topics.name(spec) for spec in ALL_TOPICS]
         )
 
     apply_rate = (count - 1) / apply_seconds
+    rebuild_rate = rebuild.rate
     upsert_rate = count / upsert_seconds
     consume_rate = count / consume_seconds
     result = {
@@ -283,6 +296,8 @@ def main() -> None:
         "apply_vs_bare_upsert": round(apply_rate / upsert_rate, 2),
         "apply_vs_raw_consume": round(apply_rate / consume_rate, 3),
         "apply_vs_faust_noop": round(apply_rate / noop_rate, 2),
+        "rebuild_from_earliest_events_per_s": round(rebuild_rate),
+        "rebuild_vs_apply": round(rebuild_rate / apply_rate, 2),
         "workers": args.workers,
         "cpus": os.cpu_count(),
     }
@@ -294,7 +309,9 @@ def main() -> None:
     print(f"  faust no-op agent            {noop_rate:>10,.0f} events/s")
     print(f"  bare pipelined upsert        {upsert_rate:>10,.0f} events/s")
     print(f"  projection apply (worker)    {apply_rate:>10,.0f} events/s")
+    print(f"  rebuild from earliest        {rebuild_rate:>10,.0f} events/s")
     print(f"  apply / bare upsert          {apply_rate / upsert_rate:>10.2f}")
+    print(f"  rebuild / live apply         {rebuild_rate / apply_rate:>10.2f}")
     print(f"  apply / raw consume          {apply_rate / consume_rate:>10.3f}")
     print(f"  apply / faust no-op agent    {apply_rate / noop_rate:>10.2f}")
 
