@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections import bookkeeping
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.cache.store import RedisCache
-from projections.deletion import store
+from projections.deletion import queries, store
 from projections.deletion.verify import verify
 from projections.embeddings.vectors import VectorStore
 from streams.kafka import KafkaPublisher
@@ -114,7 +114,7 @@ class LedgerMaintenance(Service):
                 await self._publisher.publish([message for _, message in pending])
                 await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
             done = 0
-            for tenant_id, deletion_id in await store.unverified(conn):
+            for tenant_id, deletion_id in await queries.unverified(conn):
                 result = await verify(conn, self._vectors, self._cache, tenant_id, deletion_id)
                 await store.save_verification(conn, tenant_id, deletion_id, result, self._clock())
                 await conn.commit()
@@ -130,7 +130,7 @@ class LedgerMaintenance(Service):
 
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:
-            pending = await store.pending_by_store(conn, self._clock())
-            blocked = await store.blocked_reads(conn)
+            pending = await queries.pending_by_store(conn, self._clock())
+            blocked = await queries.blocked_reads(conn)
         self._metrics.pending_deletions(pending, STORES)
         self._metrics.blocked_reads(blocked)

@@ -24,6 +24,7 @@ import orjson
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.conversation import store as conversation_store
+from projections.deletion import queries as ledger_queries
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
@@ -171,4 +172,4 @@ async def context_view(
 
 
 async def _count_blocked(conn: Conn, store: str, dropped: Counter[str]) -> None:
-    await deletion_store.count_blocked_read(conn, store, sum(dropped.values()))
+    await ledger_queries.count_blocked_read(conn, store, sum(dropped.values()))

@@ -12,7 +12,7 @@ import click
 from confluent_kafka import Producer
 
 from projections.bookkeeping import Conn
-from projections.deletion import store
+from projections.deletion import queries
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.cli.memory import parse_duration, parse_subject
 from streams.kafka import producer_config
@@ -127,8 +127,8 @@ def deletion_status(
     async def load(conn: Conn) -> list[dict[str, Any]]:
         deadline = time.monotonic() + wait_seconds
         while True:
-            tenants = [tenant] if tenant else await store.tenants_of(conn, deletion_id)
-            found = [await store.request_detail(conn, t, deletion_id) for t in tenants]
+            tenants = [tenant] if tenant else await queries.tenants_of(conn, deletion_id)
+            found = [await queries.request_detail(conn, t, deletion_id) for t in tenants]
             details = [detail for detail in found if detail is not None]
             await conn.rollback()  # a fresh snapshot for the next look
             settled = details and all(d["verified_at"] is not None for d in details)
@@ -179,7 +179,7 @@ def deletion_list(
 ) -> None:
     """Recent deletions, newest first, with the stores still to acknowledge."""
     rows = with_connection(
-        settings_of(ctx), lambda conn: store.list_requests(conn, tenant, pending, limit)
+        settings_of(ctx), lambda conn: queries.list_requests(conn, tenant, pending, limit)
     )
     if as_json:
         echo_json(rows)

@@ -19,7 +19,7 @@ from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import audit as ghost_audit
-from projections.deletion import store as ledger
+from projections.deletion import queries as ledger
 from projections.embeddings.vectors import LanceVectorStore
 from streams.cli.common import echo_json, settings_of
 from streams.lag import LagCollector, PartitionLag

@@ -13,7 +13,7 @@ import pytest
 
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
-from projections.deletion import store as ledger
+from projections.deletion import queries as ledger
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.vectors import LanceVectorStore, Match
 from projections.memory import store as memory_store
