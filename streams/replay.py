@@ -39,18 +39,34 @@ from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool
 from streams.settings import Settings
 from topics.messages import InputMessage
-from topics.registry import CONVERSATION_MESSAGES, MEMORY_CURRENT
+from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
 
 Start = Literal["earliest"] | datetime | dict[int, int]
 SwapMode = Literal["always", "if-equal", "never"]
 Position = tuple[str, int]
 
 
+class ReplayStopped(RuntimeError):
+    """The log holds a message the rebuild cannot apply (e.g. an unknown schema version)."""
+
+
 class DiscardingPublisher:
-    """A rebuild publishes nothing: its outputs were published when the events first came."""
+    """A rebuild publishes nothing: its outputs were published when the events first came.
+
+    A dead letter is the exception: live, it goes to the DLQ and the worker carries on; in a
+    rebuild it stops the replay, naming the message, rather than leave a hole in the copy.
+    """
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> None:
-        return None
+        for message in messages:
+            if message.topic.endswith(DLQ_SUFFIX) and message.value:
+                letter = orjson.loads(message.value)
+                raise ReplayStopped(
+                    f"{letter['topic']}[{letter['partition']}]@{letter['offset']} cannot be"
+                    f" applied ({letter['error_code']}: {letter['error']}). If it is a newer"
+                    " schema_version, upgrade memproj (or register an upcaster in"
+                    " topics/schemas.py) and replay again; nothing was swapped."
+                )
 
     def close(self) -> None:
         return None

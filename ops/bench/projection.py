@@ -153,16 +153,16 @@ def baseline_rows(messages: list[tuple[bytes | None, bytes | None]]) -> list[tup
     rows = []
     for version in result.versions:
         r = version.record
-        value = orjson.dumps(r.value).decode()
+        value_json = orjson.dumps(r.value).decode()
         current = (
-            r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind, value,
+            r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind, value_json,
             r.source.type, r.source.ref, r.status, r.version, r.observed_at, r.expires_at,
             r.verification, list(r.evidence_event_ids), r.created_at, r.updated_at,
             r.last_event_id, r.revoked_reason,
         )  # fmt: skip
         history = (
             r.tenant_id, r.memory_id, r.version, r.subject.type, r.subject.id, r.scope, r.kind,
-            value, r.source.type, r.source.ref, r.status, r.observed_at, r.expires_at,
+            value_json, r.source.type, r.source.ref, r.status, r.observed_at, r.expires_at,
             r.verification, list(r.evidence_event_ids), r.revoked_reason, version.event_id,
             version.event_type, r.updated_at, version.actor_type, version.actor_id,
         )  # fmt: skip

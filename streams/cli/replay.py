@@ -22,6 +22,7 @@ from streams.lag import LagCollector
 from streams.metrics import Metrics
 from streams.replay import Progress as ReplayProgress
 from streams.replay import (
+    ReplayStopped,
     Start,
     SwapMode,
     group_members,
@@ -98,7 +99,10 @@ def replay(
                 else conversation_projection(settings, Metrics(CollectorRegistry()))
             )
             rebuild = replay_projection(settings, target, parse_start(start), mode, shown)
-        report = asyncio.run(rebuild)
+        try:
+            report = asyncio.run(rebuild)
+        except ReplayStopped as stopped:
+            raise click.ClickException(f"replay stopped: {stopped}") from stopped
     if as_json:
         echo_json(report.to_json())
         return

@@ -223,7 +223,7 @@ def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
     prometheus = prometheus_for(ports)
 
     def all_up() -> bool:
-        return prometheus.value('count(up{job="memproj"} == 1)') == len(ports)
+        return bool(prometheus.value('count(up{job="memproj"} == 1)') == len(ports))
 
     env.wait_until(all_up, "Prometheus to scrape every worker")
     env.wait_until(

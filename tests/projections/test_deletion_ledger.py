@@ -44,7 +44,7 @@ def ack(store: str, status: str = "done", at: datetime = NOW, removed: int = 1) 
         deletion_id="d1",
         tenant_id="t1",
         store=store,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         removed_count=removed,
         acked_at=at,
         error=None if status == "done" else "boom",

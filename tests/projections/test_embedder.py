@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_memory_text_is_the_kind_then_the_values_in_key_order() -> None:
 
 
 def test_message_text_takes_texts_tool_results_and_tool_calls() -> None:
-    content = [
+    content: list[dict[str, Any]] = [
         {"type": "text", "text": "What's the weather in Oslo?"},
         {
             "type": "tool_use",

@@ -348,14 +348,14 @@ def test_removed_entries_stay_in_old_versions_until_the_history_is_purged(
     # This is what purge_history exists for: the removed entry is still in the old version.
     store.table.checkout(before_removal)
     assert store.table.count_rows(f"id = {sql_string(secret.id)}") == 1
-    store.table.checkout_latest()
+    store.table.checkout_latest()  # type: ignore[no-untyped-call]
 
     store.purge_history()
 
     assert store.history_versions() == 0
     with pytest.raises(ValueError, match="no longer exists"):
         store.table.checkout(before_removal)
-    store.table.checkout_latest()
+    store.table.checkout_latest()  # type: ignore[no-untyped-call]
     assert ids(store.find(Match("tenant-a", subject=("user", "u1")))) == {
         memory_entry_id("tenant-a", "m2")
     }

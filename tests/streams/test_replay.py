@@ -23,8 +23,13 @@ from projections.sealing.fields import Shredded, entity_of, unseal
 from projections.sealing.keys import KeyStore
 from streams.cli import cli
 from streams.metrics import Metrics
-from streams.replay import replay_embeddings, replay_projection
-from streams.sample import EventFactory, sample_conversation_stream, sample_memory_stream
+from streams.replay import ReplayStopped, replay_embeddings, replay_projection
+from streams.sample import (
+    EventFactory,
+    sample_conversation_stream,
+    sample_memory_stream,
+    to_message,
+)
 from streams.worker import conversation_projection, memory_projection
 from topics.registry import (
     CONVERSATION_EVENTS,
@@ -279,3 +284,18 @@ def test_offsets_reset_refuses_while_the_group_is_active(env: Any) -> None:
         runner.invoke(cli, ["offsets", "show", "memory", "--json"], env=environment).output
     )
     assert sum(p["lag_messages"] for p in after["partitions"]) > 0
+
+
+def test_an_unknown_schema_version_stops_the_replay_with_an_actionable_error(env: Any) -> None:
+    f = EventFactory(id_prefix="v")
+    env.produce_events([f.proposed("t1", "m1")])
+    env.start("memory")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    # A newer memproj wrote version 7 to the sealed log; this one does not know it.
+    future = f.verified("t1", "m1", 1)
+    future["schema_version"] = 7
+    env.produce(env.topic(MEMORY_SEALED), [to_message(future)])
+    with pytest.raises(ReplayStopped) as stopped:
+        asyncio.run(replay_projection(env.settings, memory_projection(env.settings)))
+    assert "unknown_schema_version" in str(stopped.value)
+    assert "upgrade memproj" in str(stopped.value)
