@@ -36,7 +36,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.embeddings.vectors import VectorEntry
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
-from streams.services import make_pool
+from streams.services import make_pool, open_vector_store
 from streams.settings import Settings
 from topics.messages import InputMessage
 from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
@@ -298,12 +298,12 @@ async def replay_embeddings(
     shadow table, through the same indexer and guard as the live worker; compare per tenant;
     swap by replacing the live table's content in one commit (old versions purged)."""
     from projections.embeddings.embedder import HashingEmbedder
-    from projections.embeddings.vectors import LanceVectorStore, drop_table
+    from projections.embeddings.lance import drop_table
     from streams.agents.index import EmbeddingsIndexer
 
     name = f"embeddings_replay_{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
-    shadow = LanceVectorStore(settings.vector_store_path, settings.embedding_dim, table=name)
-    live = LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
+    shadow = open_vector_store(settings, table=name)
+    live = open_vector_store(settings)
     pool = make_pool(settings.postgres_dsn, 2)
     await pool.open(wait=True)
     indexer = EmbeddingsIndexer(

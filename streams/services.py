@@ -12,12 +12,21 @@ from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
+from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.runner import ProjectionRunner
+from streams.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def open_vector_store(settings: Settings, table: str = "embeddings") -> VectorStore:
+    # lancedb takes about a second to import: only the commands that open the store pay it.
+    from projections.embeddings.lance import LanceVectorStore
+
+    return LanceVectorStore(settings.vector_store_path, settings.embedding_dim, table=table)
 
 
 def make_pool(dsn: str, size: int) -> AsyncConnectionPool[Conn]:

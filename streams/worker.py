@@ -32,7 +32,6 @@ from projections.deletion.derived import (
 )
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
-from projections.embeddings.vectors import LanceVectorStore
 from projections.memory.projection import MemoryProjection
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
@@ -54,6 +53,7 @@ from streams.services import (
     OutboxService,
     PublisherService,
     make_pool,
+    open_vector_store,
 )
 from streams.settings import Settings
 from topics.deletion import STORES, StoreName
@@ -169,10 +169,6 @@ def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerPar
     return build_projection_worker(settings, metrics, conversation_projection(settings, metrics))
 
 
-def vector_store(settings: Settings) -> LanceVectorStore:
-    return LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
-
-
 def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """The ledger: requests and acknowledgements, plus redelivery, verification and the
     deletion metrics."""
@@ -190,7 +186,7 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
             LedgerMaintenance(
                 parts.pool,
                 parts.publisher,
-                vector_store(settings),
+                open_vector_store(settings),
                 RedisCache(
                     connect_redis(settings.redis_url),
                     settings.cache_ttl_seconds,
@@ -212,7 +208,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
     parts = open_resources(settings, metrics, store)
     derived: DerivedStore
     if store == "embeddings":
-        vectors = vector_store(settings)
+        vectors = open_vector_store(settings)
         writes = asyncio.Lock()  # index updates and tombstones write one at a time
         derived = EmbeddingsStore(vectors, writes)
         indexer = EmbeddingsIndexer(
@@ -249,7 +245,7 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     monitor = MonitorService(
         LagCollector(settings.kafka_bootstrap, settings.group_prefix),
         pool,
-        vector_store(settings),
+        open_vector_store(settings),
         RedisCache(
             connect_redis(settings.redis_url), settings.cache_ttl_seconds, settings.cache_namespace
         ),

@@ -20,9 +20,9 @@ from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import audit as ghost_audit
 from projections.deletion import queries as ledger
-from projections.embeddings.vectors import LanceVectorStore
 from streams.cli.common import echo_json, settings_of
 from streams.lag import LagCollector, PartitionLag
+from streams.services import open_vector_store
 from streams.settings import Settings
 from topics.deletion import STORES
 
@@ -43,7 +43,7 @@ def audit_ghosts(ctx: click.Context, as_json: bool) -> None:
         redis = connect_redis(settings.redis_url)
         try:
             cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
-            vectors = LanceVectorStore(settings.vector_store_path, settings.embedding_dim)
+            vectors = open_vector_store(settings)
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
                 results = await ghost_audit.audit_ghosts(conn, vectors, cache, datetime.now(UTC))
                 await conn.commit()

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from projections.embeddings.embedder import HashingEmbedder
-from projections.embeddings.vectors import LanceVectorStore, VectorEntry, memory_entry_id
+from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.vectors import VectorEntry, memory_entry_id
 from streams.sample import EventFactory
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 

@@ -10,15 +10,8 @@ from pathlib import Path
 import pytest
 
 from projections.embeddings.embedder import HashingEmbedder
-from projections.embeddings.vectors import (
-    LanceVectorStore,
-    Match,
-    VectorEntry,
-    match_filter,
-    memory_entry_id,
-    message_entry_id,
-    sql_string,
-)
+from projections.embeddings.lance import LanceVectorStore, match_filter, sql_string
+from projections.embeddings.vectors import Match, VectorEntry, memory_entry_id, message_entry_id
 
 EMBEDDER = HashingEmbedder()
 T0 = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)

@@ -15,7 +15,8 @@ from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import queries as ledger
 from projections.embeddings.embedder import HashingEmbedder
-from projections.embeddings.vectors import LanceVectorStore, Match
+from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.vectors import Match
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from streams import reads

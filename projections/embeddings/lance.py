@@ -1,0 +1,342 @@
+"""``VectorStore`` in an embedded LanceDB table on disk.
+
+LanceDB keeps every table version, so a row removed today is still readable in yesterday's
+version: after a deletion request the worker calls ``purge_history`` to make it unreachable.
+
+lancedb takes about a second to import, so modules that only read the port import
+``projections.embeddings.vectors``; this module is imported where a store is opened.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lancedb
+import pyarrow as pa
+from lancedb.query import LanceVectorQueryBuilder
+from lancedb.table import Table
+
+from projections.embeddings.vectors import KINDS, Match, VectorEntry, VectorHit
+
+# -- filters -------------------------------------------------------------------------------
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a LanceDB (DataFusion) SQL string literal.
+
+    Every identifier reaching a filter goes through here: they are any text at all, quotes
+    included. Only the single quote is special in a standard SQL literal (backslashes and
+    ``%`` are plain characters outside ``LIKE``), and it is escaped by doubling it.
+    """
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _any_of(column: str, values: Sequence[str]) -> str:
+    return f"{column} IN ({', '.join(sql_string(value) for value in values)})"
+
+
+def tenant_filter(tenant_id: str, subject: tuple[str, str] | None = None) -> str:
+    condition = f"tenant_id = {sql_string(tenant_id)}"
+    if subject is not None:
+        condition += f" AND {_subject_filter(subject)}"
+    return condition
+
+
+def _subject_filter(subject: tuple[str, str]) -> str:
+    subject_type, subject_id = subject
+    return f"subject_type = {sql_string(subject_type)} AND subject_id = {sql_string(subject_id)}"
+
+
+def match_filter(match: Match) -> str | None:
+    """The LanceDB filter selecting exactly the entries ``match.matches``; None when the match
+    is empty (it selects nothing, and there is no query to run)."""
+    alternatives = []
+    if match.subject is not None:
+        alternatives.append(f"({_subject_filter(match.subject)})")
+    if match.conversation_ids:
+        alternatives.append(_any_of("conversation_id", match.conversation_ids))
+    if match.memory_ids:
+        alternatives.append(_any_of("memory_id", match.memory_ids))
+    if match.entry_ids:
+        alternatives.append(_any_of("id", match.entry_ids))
+    if not alternatives:
+        return None
+    return f"{tenant_filter(match.tenant_id)} AND ({' OR '.join(alternatives)})"
+
+
+# -- LanceDB -------------------------------------------------------------------------------
+
+
+def lance_schema(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("tenant_id", pa.string(), nullable=False),
+            pa.field("subject_type", pa.string(), nullable=False),
+            pa.field("subject_id", pa.string(), nullable=False),
+            pa.field("memory_id", pa.string(), nullable=True),
+            pa.field("conversation_id", pa.string(), nullable=True),
+            pa.field("message_id", pa.string(), nullable=True),
+            pa.field("source_type", pa.string(), nullable=False),
+            pa.field("source_ref", pa.string(), nullable=False),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("version", pa.int64(), nullable=False),
+            pa.field("occurred_at", pa.timestamp("us", tz="UTC"), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+        ]
+    )
+
+
+_COLUMNS = tuple(lance_schema(1).names)
+_T = TypeVar("_T")
+
+
+def _is_stale_version_error(error: Exception) -> bool:
+    """Whether a failure comes from reading a table version another process cleaned up.
+
+    LanceDB reports it as a ValueError ("Version N no longer exists") on checkout, and as a
+    RuntimeError ("Not found: LanceError(IO) ... .lance") or an OSError when a query touches
+    the deleted data files.
+    """
+    if isinstance(error, OSError):
+        return True
+    message = str(error).lower()
+    return "no longer exists" in message or "not found" in message or "lanceerror(io)" in message
+
+
+class LanceVectorStore:
+    """The vector store in an embedded LanceDB table.
+
+    Several processes may open the same path (the embeddings worker writes; recall reads).
+    Every operation first moves the handle to the latest committed version, so readers see the
+    writer's commits; if the version a handle was on gets cleaned up by ``purge_history`` in
+    another process mid-read, the table is reopened and the operation retried once.
+    """
+
+    def __init__(self, path: Path, dim: int, table: str = "embeddings") -> None:
+        self.dim = dim
+        self._name = table
+        self._path = path
+        self._db = lancedb.connect(path)
+        self._table = self._open_or_create(lance_schema(dim))
+
+    def _open_or_create(self, schema: pa.Schema) -> Table:
+        try:
+            table = self._db.open_table(self._name)
+        except ValueError:
+            # Missing. exist_ok: another process may be creating it at this very moment.
+            table = self._db.create_table(self._name, schema=schema, exist_ok=True)
+        stored = table.schema
+        vectors = stored.field("vector").type
+        if vectors != schema.field("vector").type:
+            raise ValueError(
+                f"table {self._name!r} at {self._path} holds vectors of type {vectors}, not of"
+                f" {self.dim} float32: was it written by an embedder of another dimension?"
+            )
+        if not stored.equals(schema):
+            raise ValueError(f"table {self._name!r} at {self._path} has another schema:\n{stored}")
+        return table
+
+    @property
+    def table(self) -> Table:
+        """The underlying LanceDB table (for inspection, e.g. checking out old versions)."""
+        return self._table
+
+    def upsert(self, entries: Sequence[VectorEntry]) -> None:
+        if not entries:
+            return
+        for entry in entries:
+            if len(entry.vector) != self.dim:
+                raise ValueError(
+                    f"entry {entry.id!r} has a vector of {len(entry.vector)} dimensions,"
+                    f" the store holds {self.dim}"
+                )
+        # LanceDB's merge_insert inserts every copy of an id that is new and refuses a batch
+        # with two copies of a stored id: only the last copy of each id goes in.
+        latest = {entry.id: entry for entry in entries}
+        rows = pa.Table.from_pylist(
+            [_row(entry) for entry in latest.values()], schema=lance_schema(self.dim)
+        )
+        self._run(
+            lambda table: (
+                table.merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(rows)
+            )
+        )
+
+    def remove(self, match: Match) -> int:
+        where = match_filter(match)
+        if where is None:
+            return 0
+
+        def remove(table: Table) -> int:
+            found = table.count_rows(where)
+            if found:
+                table.delete(where)
+            return found
+
+        return self._run(remove)
+
+    def find(self, match: Match) -> list[VectorEntry]:
+        where = match_filter(match)
+        if where is None:
+            return []
+        entries = self._query(where)
+        return sorted(entries, key=lambda entry: entry.id)
+
+    def get(self, entry_ids: Sequence[str]) -> list[VectorEntry]:
+        if not entry_ids:
+            return []
+        by_id = {entry.id: entry for entry in self._query(_any_of("id", list(set(entry_ids))))}
+        return [by_id[entry_id] for entry_id in dict.fromkeys(entry_ids) if entry_id in by_id]
+
+    def search(
+        self,
+        tenant_id: str,
+        vector: Sequence[float],
+        limit: int,
+        subject: tuple[str, str] | None = None,
+    ) -> list[VectorHit]:
+        if len(vector) != self.dim:
+            raise ValueError(f"the query vector has {len(vector)} dimensions, not {self.dim}")
+        if limit < 1:
+            return []
+        where = tenant_filter(tenant_id, subject)
+
+        def search(table: Table) -> pa.Table:
+            query = table.search(list(vector), vector_column_name="vector")
+            if not isinstance(query, LanceVectorQueryBuilder):
+                raise TypeError(f"LanceDB made a {type(query).__name__} of a vector query")
+            return (
+                query.distance_type("cosine")
+                # A prefilter: ranking only ever sees the tenant's entries, so a nearer entry of
+                # another tenant can neither appear nor push the tenant's own out of the limit.
+                .where(where, prefilter=True)
+                .limit(limit)
+                .to_arrow()
+            )
+
+        rows = self._run(search).to_pylist()
+        hits = [VectorHit(_entry(row), float(row["_distance"])) for row in rows]
+        return sorted(hits, key=lambda hit: (hit.distance, hit.entry.id))
+
+    def purge_history(self) -> None:
+        def purge(table: Table) -> None:
+            _optimize_dropping_history(table)
+            if _deleted_rows_remain(table):
+                # Compaction leaves a data file alone while few of its rows are deleted: the
+                # removed rows stay on disk, hidden by a deletion file. Rewriting the live rows
+                # (streamed, not loaded whole) and cleaning up again erases them for real.
+                live = table.search().select(list(_COLUMNS)).limit(None).to_batches()
+                table.add(live, mode="overwrite")
+                _optimize_dropping_history(table)
+
+        self._run(purge)
+
+    def history_versions(self) -> int:
+        return self._run(lambda table: len(table.list_versions()) - 1)
+
+    def count(self) -> int:
+        return self._run(lambda table: table.count_rows())
+
+    def entries(self) -> list[VectorEntry]:
+        """Every entry of the store (rebuilds compare a whole table)."""
+        return self._query("true")
+
+    def replace_all(self, entries: Sequence[VectorEntry]) -> None:
+        """Make ``entries`` the whole content in one commit, and drop the old versions."""
+        rows = pa.Table.from_pylist(
+            [_row(entry) for entry in {e.id: e for e in entries}.values()],
+            schema=lance_schema(self.dim),
+        )
+        self._run(lambda table: table.add(rows, mode="overwrite"))
+        self.purge_history()
+
+    def _query(self, where: str) -> list[VectorEntry]:
+        def query(table: Table) -> pa.Table:
+            return table.search().where(where).select(list(_COLUMNS)).limit(None).to_arrow()
+
+        return [_entry(row) for row in self._run(query).to_pylist()]
+
+    def _run(self, operation: Callable[[Table], _T]) -> _T:
+        try:
+            self._table.checkout_latest()  # type: ignore[no-untyped-call]
+            return operation(self._table)
+        except (ValueError, RuntimeError, OSError) as error:
+            if not _is_stale_version_error(error):
+                raise
+        # Another process cleaned up the version this handle held: open the table afresh.
+        self._table = self._db.open_table(self._name)
+        return operation(self._table)
+
+
+def _optimize_dropping_history(table: Table) -> None:
+    with warnings.catch_warnings():
+        # LanceDB warns that other readers of old versions will fail. It is expected: this
+        # process is the only writer, and readers reopen the table when that happens.
+        warnings.filterwarnings(
+            "ignore", message=r"optimize\(cleanup_older_than=0\)", category=UserWarning
+        )
+        table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+
+
+def _deleted_rows_remain(table: Table) -> bool:
+    latest = max(table.list_versions(), key=lambda version: int(version["version"]))
+    metadata = latest.get("metadata", {})
+    # Without the statistic, assume the worst: a needless rewrite is only slower.
+    return str(metadata.get("total_deletion_file_rows", "unknown")) != "0"
+
+
+def _row(entry: VectorEntry) -> dict[str, Any]:
+    if entry.occurred_at.tzinfo is None:
+        raise ValueError(f"entry {entry.id!r} has a naive occurred_at; it must be UTC-aware")
+    return {
+        "id": entry.id,
+        "kind": entry.kind,
+        "tenant_id": entry.tenant_id,
+        "subject_type": entry.subject_type,
+        "subject_id": entry.subject_id,
+        "memory_id": entry.memory_id,
+        "conversation_id": entry.conversation_id,
+        "message_id": entry.message_id,
+        "source_type": entry.source_type,
+        "source_ref": entry.source_ref,
+        "text": entry.text,
+        "version": entry.version,
+        "occurred_at": entry.occurred_at.astimezone(UTC),
+        "vector": list(entry.vector),
+    }
+
+
+def _entry(row: Mapping[str, Any]) -> VectorEntry:
+    kind = row["kind"]
+    if kind not in KINDS:
+        raise ValueError(f"stored entry {row['id']!r} has an unknown kind {kind!r}")
+    return VectorEntry(
+        id=row["id"],
+        kind=kind,
+        tenant_id=row["tenant_id"],
+        subject_type=row["subject_type"],
+        subject_id=row["subject_id"],
+        memory_id=row["memory_id"],
+        conversation_id=row["conversation_id"],
+        message_id=row["message_id"],
+        source_type=row["source_type"],
+        source_ref=row["source_ref"],
+        text=row["text"],
+        version=row["version"],
+        # pyarrow returns zoneinfo's UTC; the rest of memproj uses datetime.UTC.
+        occurred_at=row["occurred_at"].astimezone(UTC),
+        vector=tuple(row["vector"]),
+    )
+
+
+def drop_table(path: Path, table: str) -> None:
+    lancedb.connect(path).drop_table(table)
