@@ -13,10 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from psycopg import AsyncConnection
 
 from projections.idempotency import EventKey, ProcessedEvent
 from topics.outputs import Rejection
+from topics.registry import Headers
 
 
 class ConcurrentClaim(RuntimeError):
@@ -28,6 +30,7 @@ class OutboxMessage:
     topic: str
     key: bytes | None
     value: bytes | None
+    headers: Headers = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +206,8 @@ async def add_to_outbox(
     await copy_rows(
         conn,
         "outbox",
-        ("producer", "batch_id", "topic", "key", "value"),
-        ((producer, batch_id, m.topic, m.key, m.value) for m in messages),
+        ("producer", "batch_id", "topic", "key", "value", "headers"),
+        ((producer, batch_id, m.topic, m.key, m.value, _headers_json(m.headers)) for m in messages),
     )
     return batch_id
 
@@ -213,11 +216,20 @@ async def pending_outbox(
     conn: Conn, producer: str, limit: int = 10_000
 ) -> list[tuple[int, OutboxMessage]]:
     cursor = await conn.execute(
-        "SELECT id, topic, key, value FROM outbox WHERE producer = %s ORDER BY id LIMIT %s",
+        "SELECT id, topic, key, value, headers FROM outbox WHERE producer = %s"
+        " ORDER BY id LIMIT %s",
         (producer, limit),
     )
     return [
-        (int(row[0]), OutboxMessage(str(row[1]), _bytes(row[2]), _bytes(row[3])))
+        (
+            int(row[0]),
+            OutboxMessage(
+                str(row[1]),
+                _bytes(row[2]),
+                _bytes(row[3]),
+                tuple((str(name), str(value)) for name, value in row[4] or ()),
+            ),
+        )
         for row in await cursor.fetchall()
     ]
 
@@ -230,6 +242,10 @@ async def remove_outbox_batch(conn: Conn, batch_id: uuid.UUID | None) -> None:
 async def remove_from_outbox(conn: Conn, ids: Sequence[int]) -> None:
     if ids:
         await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (list(ids),))
+
+
+def _headers_json(headers: Headers) -> str | None:
+    return orjson.dumps(headers).decode() if headers else None
 
 
 def _bytes(value: object) -> bytes | None:

@@ -47,7 +47,11 @@ class KafkaPublisher:
             while True:
                 try:
                     self._producer.produce(
-                        message.topic, message.value, message.key, on_delivery=on_delivery
+                        message.topic,
+                        message.value,
+                        message.key,
+                        headers=[(name, value.encode()) for name, value in message.headers],
+                        on_delivery=on_delivery,
                     )
                     break
                 except BufferError:

@@ -38,7 +38,7 @@ from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool, open_vector_store
 from streams.settings import Settings
-from topics.messages import InputMessage
+from topics.messages import InputMessage, header_pairs
 from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
 
 Start = Literal["earliest"] | datetime | dict[int, int]
@@ -179,7 +179,16 @@ def read(
             end = wanted.get(position)
             if end is None or offset >= end:
                 continue
-            batch.append(InputMessage(topic, partition, offset, message.key(), message.value()))
+            batch.append(
+                InputMessage(
+                    topic,
+                    partition,
+                    offset,
+                    message.key(),
+                    message.value(),
+                    header_pairs(message.headers()),
+                )
+            )
             if offset + 1 >= end:
                 del wanted[position]
                 if progress is not None:

@@ -32,6 +32,7 @@ from streams.kafka import create_topics, producer_config
 from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
 from streams.settings import Settings
+from topics.messages import InputMessage
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,8 +216,13 @@ class Env:
             time.sleep(0.2)
 
     def read(self, spec: TopicSpec, suffix: str = "") -> list[tuple[bytes | None, Any]]:
-        records = read_topic(self.settings, self.topic(spec) + suffix)
-        return [(key, orjson.loads(value) if value else None) for key, value in records]
+        return [
+            (message.key, orjson.loads(message.value) if message.value else None)
+            for message in self.read_messages(spec, suffix)
+        ]
+
+    def read_messages(self, spec: TopicSpec, suffix: str = "") -> list[InputMessage]:
+        return read_topic(self.settings, self.topic(spec) + suffix)
 
     def start(self, *kinds: str, **overrides: Any) -> dict[str, WorkerProcess]:
         return {kind: self.worker(kind, **overrides) for kind in kinds}

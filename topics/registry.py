@@ -6,6 +6,7 @@ creation, the workers, the docker-compose consistency test and the README all re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -215,3 +216,30 @@ class TopicNames:
 def entity_key(tenant_id: str, entity_id: str) -> str:
     """The contract's message key: it decides the partition, so one entity stays in order."""
     return f"{tenant_id}:{entity_id}"
+
+
+Headers = tuple[tuple[str, str], ...]
+
+
+def entity_headers(tenant_id: str, entity_id: str) -> Headers:
+    """The ids of a keyed message, unambiguously: ``entity_key`` cannot be split back when the
+    tenant id holds a colon, and a null-valued tombstone has nothing else to read them from."""
+    return (("tenant_id", tenant_id), ("entity_id", entity_id))
+
+
+def entity_of_message(
+    key: bytes | None, headers: Sequence[tuple[str, bytes | str]] | None
+) -> tuple[str, str]:
+    """(tenant_id, entity_id) of a message published with ``entity_headers``. A message from
+    before the headers existed is split at the key's first colon, which is right unless the
+    tenant id itself holds one."""
+    found = {name: value for name, value in headers or ()}
+    tenant_id, entity_id = found.get("tenant_id"), found.get("entity_id")
+    if tenant_id is not None and entity_id is not None:
+        return _text(tenant_id), _text(entity_id)
+    tenant_text, _, entity_text = (key or b"").decode().partition(":")
+    return tenant_text, entity_text
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

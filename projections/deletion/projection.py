@@ -37,6 +37,7 @@ from topics.registry import (
     DELETION_TOMBSTONES,
     MEMORY_CURRENT,
     TopicNames,
+    entity_headers,
     entity_key,
 )
 from topics.schemas import SchemaRegistry
@@ -121,7 +122,12 @@ class LedgerProjection:
         messages = [tombstone_message(self._topics, entry) for entry in outcome.entries]
         current = self._topics.name(MEMORY_CURRENT)
         messages += [
-            OutboxMessage(current, entity_key(entry.tenant_id, memory_id).encode(), None)
+            OutboxMessage(
+                current,
+                entity_key(entry.tenant_id, memory_id).encode(),
+                None,
+                entity_headers(entry.tenant_id, memory_id),
+            )
             for entry in outcome.entries
             for memory_id in entry.resolved.memories
         ]

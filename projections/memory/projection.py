@@ -25,6 +25,7 @@ from topics.registry import (
     MEMORY_SEALED,
     TopicNames,
     TopicSpec,
+    entity_headers,
     entity_key,
 )
 from topics.schemas import SchemaRegistry
@@ -89,6 +90,7 @@ class MemoryProjection:
                 self._current_topic,
                 entity_key(*key).encode(),
                 None if record.status == "revoked" else encode(record),
+                entity_headers(*key),
             )
             for key, record in outcome.records.items()
         ] + [tombstone_message(self._topics, entry) for entry in outcome.revocations]

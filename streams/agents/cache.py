@@ -8,7 +8,9 @@ from typing import cast
 import faust
 
 from projections.cache.store import RedisCache
+from topics.messages import header_pairs
 from topics.outputs import MemoryRecord
+from topics.registry import entity_of_message
 
 
 def add_cache_freshness_agent(app: faust.App, topic_name: str, cache: RedisCache) -> None:
@@ -18,7 +20,7 @@ def add_cache_freshness_agent(app: faust.App, topic_name: str, cache: RedisCache
         async for batch in stream.noack_take(500, within=0.1):  # type: ignore[attr-defined]
             for event in cast(list[faust.EventT[bytes]], batch):
                 message = event.message
-                tenant_id, _, memory_id = (message.key or b"").decode().partition(":")
+                tenant_id, memory_id = entity_of_message(message.key, header_pairs(message.headers))
                 subject = None
                 if message.value:
                     record = MemoryRecord.model_validate_json(message.value)

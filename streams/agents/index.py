@@ -45,6 +45,7 @@ from topics.registry import (
     MEMORY_REJECTIONS,
     TopicNames,
     entity_key,
+    entity_of_message,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class EmbeddingsIndexer:
     def decode(self, message: InputMessage) -> IndexUpdate | None:
         try:
             if message.topic == self._memory_topic:
-                tenant_id, _, memory_id = (message.key or b"").decode().partition(":")
+                tenant_id, memory_id = entity_of_message(message.key, message.headers)
                 record = MemoryRecord.model_validate_json(message.value) if message.value else None
                 return MemoryUpdate(tenant_id, memory_id, record)
             data = orjson.loads(message.value or b"null")

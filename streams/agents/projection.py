@@ -15,7 +15,7 @@ from typing import Any, cast
 import faust
 
 from streams.runner import ProjectionRunner
-from topics.messages import InputMessage
+from topics.messages import InputMessage, header_pairs
 
 Events = Sequence[faust.EventT[bytes]]
 
@@ -28,6 +28,7 @@ def to_input(events: Events) -> list[InputMessage]:
             event.message.offset,
             event.message.key,
             event.message.value,
+            header_pairs(event.message.headers),
         )
         for event in events
     ]

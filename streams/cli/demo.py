@@ -17,6 +17,7 @@ from streams.kafka import producer_config
 from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
+from topics.messages import InputMessage, header_pairs
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_REJECTIONS,
@@ -63,7 +64,7 @@ def demo_produce(
     producer.flush(30)
 
 
-def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
     """Everything currently in a topic, read with a throwaway assignment (no group offsets)."""
     ends = end_offsets(settings.kafka_bootstrap, topic)
     consumer = Consumer(
@@ -75,13 +76,24 @@ def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes
     )
     consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
     wanted = sum(ends.values())
-    records: list[tuple[bytes | None, bytes | None]] = []
+    records: list[InputMessage] = []
     try:
         while len(records) < wanted:
             batch = consumer.consume(1000, timeout=5)
             if not batch:
                 break
-            records.extend((m.key(), m.value()) for m in batch if m.error() is None)
+            records.extend(
+                InputMessage(
+                    topic,
+                    m.partition() or 0,
+                    m.offset() or 0,
+                    m.key(),
+                    m.value(),
+                    header_pairs(m.headers()),
+                )
+                for m in batch
+                if m.error() is None
+            )
     finally:
         consumer.close()
     return records
@@ -178,9 +190,9 @@ async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict
 
 def _dead_letters(settings: Settings, spec: TopicSpec) -> dict[str, Any]:
     dead = [
-        orjson.loads(value)
-        for _, value in read_topic(settings, settings.topics.name(spec) + DLQ_SUFFIX)
-        if value
+        orjson.loads(message.value)
+        for message in read_topic(settings, settings.topics.name(spec) + DLQ_SUFFIX)
+        if message.value
     ]
     example = None
     if dead:

@@ -17,7 +17,13 @@ import pytest
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams.sample import EventFactory, sample_memory_stream, to_message
-from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS, MEMORY_REJECTIONS, MEMORY_SEALED
+from topics.registry import (
+    MEMORY_CURRENT,
+    MEMORY_EVENTS,
+    MEMORY_REJECTIONS,
+    MEMORY_SEALED,
+    entity_of_message,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +84,29 @@ def test_corrections_conflicts_revocations_and_recall(env: Any) -> None:
     current = {key.decode(): value for key, value in env.read(MEMORY_CURRENT)}
     assert current["acme:m_city"] is None  # revoked: a tombstone on the compacted topic
     assert current["acme:m_tea"]["version"] == 3
+
+
+def test_memory_current_names_the_memory_in_headers(env: Any) -> None:
+    # "org:acme" + "m1" and "org" + "acme:m1" share the key "org:acme:m1": only the headers
+    # tell a consumer of a null-valued tombstone which memory is gone.
+    f = EventFactory()
+    env.produce_events(
+        [
+            f.proposed("org:acme", "m1", ("user", "u1"), {"text": "to revoke"}),
+            f.revoked("org:acme", "m1", "user asked"),
+            f.proposed("org", "acme:m2", ("user", "u1"), {"text": "kept"}),
+        ]
+    )
+    env.worker()
+    env.wait_caught_up()
+
+    named = {
+        entity_of_message(m.key, m.headers): m.value for m in env.read_messages(MEMORY_CURRENT)
+    }
+    assert set(named) == {("org:acme", "m1"), ("org", "acme:m2")}
+    assert named[("org:acme", "m1")] is None
+    assert recall(env, "org", ("user", "u1")) == ["acme:m2"]
+    assert recall(env, "org:acme", ("user", "u1")) == []
 
 
 async def _history(env: Any, tenant: str, memory_id: str) -> list[store.VersionEntry]:
