@@ -47,7 +47,8 @@ Position = tuple[str, int]
 
 
 class ReplayStopped(RuntimeError):
-    """The log holds a message the rebuild cannot apply (e.g. an unknown schema version)."""
+    """The rebuild cannot go on or cannot swap: the log holds a message it cannot apply (e.g.
+    an unknown schema version), or a worker still writes the store it would replace."""
 
 
 class DiscardingPublisher:
@@ -338,7 +339,7 @@ async def replay_embeddings(
         if swap == "always" or (swap == "if-equal" and not report.differences):
             members = group_members(settings, settings.group_id("embeddings"))
             if members:
-                raise RuntimeError(
+                raise ReplayStopped(
                     f"the embeddings worker is running ({', '.join(members)}): stop it to swap"
                     f" the rebuilt vectors in; the rebuild stays in table {name}"
                 )

@@ -60,7 +60,10 @@ def request_deletion(
 _COMMON = [
     click.option("--tenant", required=True),
     click.option("--reason", default="requested by an operator", show_default=True),
-    click.option("--deadline", help="how long the stores have (e.g. 10m, 24h); default: the SLO"),
+    click.option(
+        "--deadline",
+        help="how long the stores have (e.g. 10m, 24h); default: MEMPROJ_DELETION_DEADLINE_SECONDS",
+    ),
     click.option("--actor", default="memproj-cli", show_default=True, help="who asks"),
     click.option("--json", "as_json", is_flag=True),
 ]

@@ -54,10 +54,10 @@ def audit_ghosts(ctx: click.Context, as_json: bool) -> None:
     found = asyncio.run(run())
     if as_json:
         echo_json(found)
-        return
-    for store, result in found.items():
-        examples = f"  e.g. {result['examples'][:3]}" if result["examples"] else ""
-        click.echo(f"{store:10} {result['ghost_items']:6} ghost items{examples}")
+    else:
+        for store, result in found.items():
+            examples = f"  e.g. {result['examples'][:3]}" if result["examples"] else ""
+            click.echo(f"{store:10} {result['ghost_items']:6} ghost items{examples}")
     if any(result["ghost_items"] for result in found.values()):
         raise SystemExit(1)
 

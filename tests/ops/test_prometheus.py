@@ -17,12 +17,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry, memory_entry_id
+from streams.cli import cli
 from streams.sample import EventFactory
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
@@ -314,6 +317,12 @@ def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
     )
     ghosts = 'memproj_ghost_items{store="embeddings"}'
     env.wait_until(lambda: prometheus.value(ghosts) == 1, "the audit to report the ghost")
+    environment = {
+        f"MEMPROJ_{name.upper()}": str(value) for name, value in env.settings.model_dump().items()
+    }
+    on_demand = CliRunner().invoke(cli, ["audit", "ghosts", "--json"], env=environment)
+    assert on_demand.exit_code == 1, on_demand.output  # scripts can act on the exit status
+    assert orjson.loads(on_demand.output)["embeddings"]["ghost_items"] == 1
     env.wait_until(
         lambda: prometheus.alert_state("MemprojGhostItemsPresent", store="embeddings") == "firing",
         "the ghost alert to fire",
