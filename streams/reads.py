@@ -160,6 +160,13 @@ async def context_view(
     async with conn.transaction():
         await deletion_store.lock_tenants(conn, [tenant_id], exclusive=False)
         view = await conversation_store.load_context(conn, tenant_id, conversation_id)
+        if view is not None and not await conversation_store.conversation_exists(
+            conn, tenant_id, conversation_id
+        ):
+            # The ledger has deleted the conversation; the context worker has not removed its
+            # view yet. It must neither be served nor cached again.
+            await _count_blocked(conn, "context", Counter({"deleted": 1}))
+            view = None
         if cached is not None and view is None:
             await _count_blocked(conn, "cache", Counter({"deleted": 1}))
             return None

@@ -33,6 +33,8 @@ from psycopg.conninfo import make_conninfo
 
 from projections import shadow as shadows
 from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import audit as ghost_audit
+from projections.deletion import store as deletion_store
 from projections.embeddings.vectors import VectorEntry
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
@@ -271,6 +273,9 @@ async def _swap(
     async with live_conn.transaction():
         # The live worker's next batch waits on these rows until the swap commits.
         live_offsets = await _tracked(live_conn, spec.projection, lock=True)
+        # An erasure committing between the sweep and the swap would remove its rows from the
+        # tables about to be retired and leave them in the shadow that replaces them.
+        await deletion_store.hold_erasures(live_conn)
         async with pool.connection() as shadow_conn:
             shadow_offsets = await _tracked(shadow_conn, spec.projection, lock=False)
         for batch in read(consumer, shadow_offsets, live_offsets, 2000):
@@ -343,6 +348,13 @@ async def replay_embeddings(
                     f"the embeddings worker is running ({', '.join(members)}): stop it to swap"
                     f" the rebuilt vectors in; the rebuild stays in table {name}"
                 )
+            # A deletion during the rebuild may have reached the live table (and been acked)
+            # after the shadow indexed the item: the shadow is swept before it replaces it.
+            async with pool.connection() as conn:
+                erased = ghost_audit.erased_entries(rebuilt, await ghost_audit.load_covered(conn))
+            report.swept = len(erased)
+            doomed = {entry.id for entry in erased}
+            rebuilt = [entry for entry in rebuilt if entry.id not in doomed]
             await asyncio.to_thread(live.replace_all, rebuilt)
             await asyncio.to_thread(drop_table, settings.vector_store_path, name)
             report.swapped = True

@@ -277,6 +277,14 @@ async def load_conversation(
     return ConversationDetail(ConversationRecord(**row), messages, summaries)
 
 
+async def conversation_exists(conn: Conn, tenant_id: str, conversation_id: str) -> bool:
+    cursor = await conn.execute(
+        "SELECT 1 FROM conversations WHERE tenant_id = %s AND conversation_id = %s",
+        (tenant_id, conversation_id),
+    )
+    return await cursor.fetchone() is not None
+
+
 async def load_context(conn: Conn, tenant_id: str, conversation_id: str) -> dict[str, Any] | None:
     cursor = await conn.execute(
         "SELECT view, built_at, owner_type, owner_id FROM conversation_context"

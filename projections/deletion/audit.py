@@ -41,7 +41,7 @@ class AuditResult:
         return {"ghost_items": len(self.ghosts), "examples": self.ghosts[:EXAMPLES]}
 
 
-async def _covered(conn: Conn) -> dict[str, ErasureIndex]:
+async def load_covered(conn: Conn) -> dict[str, ErasureIndex]:
     """Per tenant: erased entities and revoked memories, with their cut-offs."""
     cursor = await conn.execute(
         "SELECT tenant_id, entity_type, subject_type, entity_id, deletion_id, cut_off"
@@ -63,6 +63,18 @@ async def _covered(conn: Conn) -> dict[str, ErasureIndex]:
         if known is None or cut_off > known.cut_off:
             entries[tenant][key] = Erasure(deletion_id, cut_off)
     return {tenant: ErasureIndex(found) for tenant, found in entries.items()}
+
+
+def erased_entries(
+    entries: Iterable[VectorEntry], covered: dict[str, ErasureIndex]
+) -> list[VectorEntry]:
+    """The entries an erasure or revocation covers: ghosts, wherever they are found."""
+    return [
+        entry
+        for entry in entries
+        if (index := covered.get(entry.tenant_id)) is not None
+        and index.covering(_keys_of_entry(entry), entry.occurred_at) is not None
+    ]
 
 
 def _keys_of_entry(entry: VectorEntry) -> list[EntityKey]:
@@ -94,9 +106,8 @@ async def audit_embeddings(vectors: VectorStore, covered: dict[str, ErasureIndex
             Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
         ]
         for match in matches:
-            for entry in await asyncio.to_thread(vectors.find, match):
-                if index.covering(_keys_of_entry(entry), entry.occurred_at) is not None:
-                    ghosts.add(entry.id)
+            found = await asyncio.to_thread(vectors.find, match)
+            ghosts.update(entry.id for entry in erased_entries(found, {tenant: index}))
     return AuditResult("embeddings", sorted(ghosts))
 
 
@@ -129,7 +140,7 @@ async def audit_cache(cache: RedisCache, covered: dict[str, ErasureIndex]) -> Au
 async def audit_ghosts(
     conn: Conn, vectors: VectorStore, cache: RedisCache, now: datetime
 ) -> dict[str, AuditResult]:
-    covered = await _covered(conn)
+    covered = await load_covered(conn)
     results = [
         await audit_embeddings(vectors, covered),
         await _audit_table(conn, "summaries", "conversation_summaries", "occurred_at"),

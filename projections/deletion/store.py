@@ -29,16 +29,34 @@ from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 
 async def lock_tenants(conn: Conn, tenants: Iterable[str], *, exclusive: bool) -> None:
-    """Take the tenant locks for this transaction, in a fixed order (no deadlocks)."""
+    """Take the tenant locks for this transaction, in a fixed order (no deadlocks).
+
+    Exclusive tenant locks are taken to erase, so they come after the erasures lock, shared:
+    a rebuild's swap holds that one exclusively while it sweeps and swaps.
+    """
     ordered = sorted(set(tenants))
     if not ordered:
         return
+    if exclusive:
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))", (_ERASURES_LOCK,)
+        )
     function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
     await conn.execute(
         f"SELECT {function}(hashtextextended('memproj:tenant:' || t, 0))"
         " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, n) ORDER BY n",
         (ordered,),
     )
+
+
+_ERASURES_LOCK = "memproj:erasures"
+
+
+async def hold_erasures(conn: Conn) -> None:
+    """Until this transaction ends, no erasure commits: one that committed before is visible
+    to whatever this transaction reads next, and one that starts waits. A rebuild's swap
+    takes it so that its sweep of erased items and the swap see the same erasures."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_ERASURES_LOCK,))
 
 
 async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:

@@ -298,6 +298,42 @@ def test_a_stopped_store_keeps_the_request_pending_and_the_guard_blocks_ghosts(e
     assert vectors(env).history_versions() == 0
 
 
+def test_a_lagging_context_store_never_serves_or_recaches_the_deleted_view(env: Any) -> None:
+    f = recent_factory()
+    seed(env, f)
+    workers = env.start(*ALL_KINDS)
+    ready(env)
+    assert env.run(lambda conn: reads.context_view(conn, cache_of(env), "acme", "c_alice"))
+
+    workers["context"].stop()
+    request(env, f, "acme", "d_c_alice", {"type": "conversation", "id": "c_alice"})
+
+    def others_done() -> bool:
+        found = detail(env, "acme", "d_c_alice")
+        stores = found["stores"] if found else {}
+        return bool(stores) and all(
+            state["status"] == "done" for name, state in stores.items() if name != "context"
+        )
+
+    env.wait_until(others_done, "the stores that are running to acknowledge")
+    with env.connect() as conn:  # the view is still there: its worker is down
+        assert conn.execute(
+            "SELECT count(*) FROM conversation_context WHERE conversation_id = 'c_alice'"
+        ).fetchone() == (1,)
+    blocked_before = env.run(ledger.blocked_reads).get("context", 0)
+
+    async def read_view(conn: Any) -> Any:
+        return await reads.context_view(conn, cache_of(env), "acme", "c_alice")
+
+    assert env.run(read_view) is None
+    assert env.run(ledger.blocked_reads)["context"] == blocked_before + 1
+    assert env.run(lambda conn: cache_of(env).get_context("acme", "c_alice")) is None
+
+    env.worker("context")
+    found = wait_verified(env, "acme", "d_c_alice")
+    assert found["status"] == "completed" and found["verification"]["clean"], found
+
+
 def test_nothing_erased_comes_back(env: Any) -> None:
     f = recent_factory()
     seed(env, f)

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from projections.deletion import store as deletion_store
 from projections.memory import store as memory_store
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult
@@ -299,3 +300,39 @@ def test_an_unknown_schema_version_stops_the_replay_with_an_actionable_error(env
         asyncio.run(replay_projection(env.settings, memory_projection(env.settings)))
     assert "unknown_schema_version" in str(stopped.value)
     assert "upgrade memproj" in str(stopped.value)
+
+
+def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> None:
+    """The swap sweeps erased rows and swaps in one window no erasure can enter: an erasure
+    that starts meanwhile waits, and one that is under way makes the swap wait."""
+
+    async def scenario() -> tuple[bool, bool]:
+        dsn = env.settings.postgres_dsn
+        async with (
+            await psycopg.AsyncConnection.connect(dsn) as swap,
+            await psycopg.AsyncConnection.connect(dsn) as erasure,
+        ):
+            await erasure.execute("SET lock_timeout = '200ms'")
+            async with swap.transaction():
+                await deletion_store.hold_erasures(swap)
+                try:
+                    async with erasure.transaction():
+                        await deletion_store.lock_tenants(erasure, ["acme"], exclusive=True)
+                    erased_during_swap = True
+                except psycopg.errors.LockNotAvailable:
+                    erased_during_swap = False
+            async with erasure.transaction():
+                await deletion_store.lock_tenants(erasure, ["acme"], exclusive=True)
+                # Projections take tenant locks shared: they never wait on a swap.
+                await swap.execute("SET lock_timeout = '200ms'")
+                async with swap.transaction():
+                    await deletion_store.lock_tenants(swap, ["other"], exclusive=False)
+                try:
+                    async with swap.transaction():
+                        await deletion_store.hold_erasures(swap)
+                    swapped_during_erasure = True
+                except psycopg.errors.LockNotAvailable:
+                    swapped_during_erasure = False
+            return erased_during_swap, swapped_during_erasure
+
+    assert asyncio.run(scenario()) == (False, False)
