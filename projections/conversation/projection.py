@@ -20,7 +20,7 @@ from projections.conversation.reducer import (
 from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
 from projections.sealing.codec import SealedCodec
-from projections.sealing.keys import KeyStore
+from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
 from topics.messages import InputMessage
@@ -84,6 +84,7 @@ class ConversationProjection:
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
         await store.save_batch(conn, outcome, self._context)
+        await shred_refused(conn, "conversation", outcome.keys_to_shred)
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
         """Each new message, redacted, for the derived stores that index messages."""

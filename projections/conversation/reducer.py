@@ -298,6 +298,9 @@ class BatchResult:
     applied: list[str] = field(default_factory=list)
     redactions: Redactions = field(default_factory=Counter)
     shredded: int = 0
+    # Conversations refused as erased, by the deletion that covers them: a conversation the
+    # deletion did not know yet may have got a data key from the sealer since.
+    keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
         return self.applied
@@ -326,6 +329,7 @@ def reduce_batch(
             continue
         erasure = state.erasures.covering(erasure_keys(event, record), event.occurred_at)
         if erasure is not None:
+            result.keys_to_shred[key] = erasure.deletion_id
             result.rejections.append(
                 _refuse(
                     event,

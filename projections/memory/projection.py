@@ -14,7 +14,7 @@ from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
 from projections.sealing.codec import SealedCodec
-from projections.sealing.keys import KeyStore
+from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec, encode
 from topics.memory import MemoryEvent
 from topics.messages import InputMessage
@@ -81,6 +81,7 @@ class MemoryProjection:
         # Revocations are recorded in the ledger with this batch: the tombstone is then
         # published at least once, through the outbox, like every other output.
         await deletion_store.record_entries(conn, outcome.revocations)
+        await shred_refused(conn, "memory", outcome.keys_to_shred)
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
         """``memory.current`` gets each changed record once, as the batch left it; a revoked

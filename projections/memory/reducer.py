@@ -216,6 +216,10 @@ class BatchResult:
     revocations: list[LedgerEntry] = field(default_factory=list)
     # Events whose data key a deletion destroyed, and that no erasure covers: skipped.
     shredded: int = 0
+    # Memories refused as erased, by the deletion that covers them: the sealer may have given
+    # them a data key (it cannot know every subject an event is about), and the deletion did
+    # not know them, so their keys are destroyed with this batch.
+    keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
         return [version.event_type for version in self.versions]
@@ -270,6 +274,7 @@ def reduce_batch(
             continue
         erasure = erasures.covering(erasure_keys(event, current), event.occurred_at)
         if erasure is not None:
+            result.keys_to_shred[key] = erasure.deletion_id
             result.rejections.append(
                 _refuse(
                     event,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from projections.bookkeeping import Conn
 from projections.sealing.crypto import new_data_key, unwrap_key, wrap_key
@@ -43,6 +43,18 @@ class KeyStore:
             ref = (tenant, entity_type, entity_id)
             found[ref] = unwrap_key(self._master, bytes(wrapped), entity_name(ref))
         return found
+
+
+async def shred_refused(
+    conn: Conn, entity_type: str, refused: Mapping[tuple[str, str], str]
+) -> None:
+    """Destroy the keys of entities a projection refused as erased, (tenant, id) -> the
+    deletion that covers them."""
+    by_deletion: dict[str, list[EntityRef]] = {}
+    for (tenant_id, entity_id), deletion_id in refused.items():
+        by_deletion.setdefault(deletion_id, []).append((tenant_id, entity_type, entity_id))
+    for deletion_id, refs in sorted(by_deletion.items()):
+        await shred(conn, refs, deletion_id)
 
 
 async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:

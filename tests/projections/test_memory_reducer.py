@@ -7,6 +7,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
 from projections.memory.reducer import MemoryKey, reduce_batch
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
@@ -205,3 +206,21 @@ def test_redelivered_and_reordered_duplicates_give_the_same_projection(logs, dat
     assert records == expected.records
     assert versions == expected.versions
     assert rejections == expected.rejections
+
+
+def test_an_erased_subjects_memory_is_refused_and_its_key_marked_for_shredding() -> None:
+    f = EventFactory()
+    late, after = decode(
+        f.proposed("t1", "m_late", ("user", "alice")),
+        f.proposed("t1", "m_new", ("user", "alice")),
+    )
+    cut_off = late.occurred_at + (after.occurred_at - late.occurred_at) / 2
+    erasures = ErasureIndex({subject_key("t1", "user", "alice"): Erasure("d1", cut_off)})
+
+    result = reduce_batch([late, after], {}, {}, erasures)
+
+    assert [(r.entity_id, r.reason) for r in result.rejections] == [
+        ("m_late", RejectionReason.ERASED)
+    ]
+    assert result.keys_to_shred == {("t1", "m_late"): "d1"}
+    assert set(result.records) == {("t1", "m_new")}  # new data after the cut-off is kept

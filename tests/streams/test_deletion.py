@@ -342,6 +342,10 @@ def test_nothing_erased_comes_back(env: Any) -> None:
     current = {key: value for key, value in env.read(MEMORY_CURRENT)}
     old_record = current[b"acme:mem_allergy"]
     late_correction = f.corrected("acme", "mem_allergy", 1, {"text": "allergic to cashews"})
+    # A memory about Alice the deletion never knew: the sealer gives it a data key, since
+    # nothing in the event says its subject is erased; the projection refuses it and
+    # destroys that key.
+    late_unknown = f.proposed("acme", "mem_late", ALICE, {"text": "LATE-SECRET"})
 
     request(env, f, "acme", "d_alice", {"type": "subject", "id": "alice", "subject_type": "user"})
     completed = wait_verified(env, "acme", "d_alice")
@@ -349,7 +353,7 @@ def test_nothing_erased_comes_back(env: Any) -> None:
 
     # A late event that occurred before the cut-off, an index update arriving after the
     # tombstone, and the tombstone and an acknowledgement delivered twice.
-    env.produce_events([late_correction])
+    env.produce_events([late_correction, late_unknown])
     env.produce(env.topic(MEMORY_CURRENT), [(b"acme:mem_allergy", orjson.dumps(old_record))])
     tombstone = next(
         (key, value) for key, value in env.read(DELETION_TOMBSTONES) if key == b"acme:d_alice"
@@ -362,13 +366,21 @@ def test_nothing_erased_comes_back(env: Any) -> None:
 
     def refused() -> list[dict[str, Any]] | None:
         erased = [v for _, v in env.read(MEMORY_REJECTIONS) if v["reason"] == "erased"]
-        return erased if len(erased) >= 2 else None
+        return erased if len(erased) >= 3 else None
 
     erased = env.wait_until(refused, "the late event and the late index update to be refused")
     assert {(r["entity_id"], r["event_type"]) for r in erased} == {
         ("mem_allergy", "memory.corrected"),
         ("mem_allergy", "memory.current"),
+        ("mem_late", "memory.proposed"),
     }
+    with env.connect() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM entity_keys WHERE entity_id = 'mem_late'"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT deletion_id FROM shredded_keys WHERE entity_id = 'mem_late'"
+        ).fetchall() == [("d_alice",)]
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     env.wait_caught_up(DELETION_REQUESTS, "deletion")
     wait_indexed_memory(env, "mem_new")
