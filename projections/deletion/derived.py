@@ -9,14 +9,15 @@ removed too.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
-from projections.embeddings.vectors import Match, VectorStore, message_entry_id
+from projections.embeddings.vectors import Match, VectorEntry, VectorStore, message_entry_id
 from topics.deletion import StoreName, Tombstone
 
 
@@ -55,6 +56,16 @@ def match_of(tombstone: Tombstone) -> Match:
     )
 
 
+def erased_by(tombstone: Tombstone, found: Sequence[VectorEntry]) -> list[VectorEntry]:
+    """Of the entries ``match_of(tombstone)`` found, those the tombstone erases: every entry
+    of its items, and of its subject only what occurred up to the cut-off. The subject may
+    have new data from after the erasure, which a late or redelivered tombstone must keep."""
+    listed = replace(match_of(tombstone), subject=None)
+    return [
+        entry for entry in found if listed.matches(entry) or entry.occurred_at <= tombstone.cut_off
+    ]
+
+
 class EmbeddingsStore:
     """The vector store. Removal is complete only once old table versions are gone too: a
     removed vector must not stay readable through the store's history.
@@ -72,9 +83,14 @@ class EmbeddingsStore:
     async def erase(self, tombstone: Tombstone) -> Erased:
         match = match_of(tombstone)
         async with self._writes:
-            removed = await asyncio.to_thread(self._vectors.remove, match)
+            found = await asyncio.to_thread(self._vectors.find, match)
+            doomed = tuple(entry.id for entry in erased_by(tombstone, found))
+            removed = await asyncio.to_thread(
+                self._vectors.remove, Match(tombstone.tenant_id, entry_ids=doomed)
+            )
             await asyncio.to_thread(self._vectors.purge_history)
-            left = [entry.id for entry in await asyncio.to_thread(self._vectors.find, match)]
+            found = await asyncio.to_thread(self._vectors.find, match)
+            left = [entry.id for entry in erased_by(tombstone, found)]
             versions = await asyncio.to_thread(self._vectors.history_versions)
         if versions:
             left.append(f"{versions} old table versions")
@@ -101,6 +117,10 @@ class CacheStore:
         return Erased(removed, left)
 
 
+# When a row came to be: a subject's erasure covers its rows up to the cut-off only.
+_TIME_COLUMNS = {"conversation_summaries": "occurred_at", "conversation_context": "built_at"}
+
+
 class ConversationTableStore:
     """A derived table of the conversation projection, keyed by conversation and owner:
     ``conversation_summaries`` (the summaries store) or ``conversation_context`` (the context
@@ -109,18 +129,20 @@ class ConversationTableStore:
     def __init__(self, name: StoreName, table: str, pool: AsyncConnectionPool[Conn]) -> None:
         self.name = name
         self._table = table
+        self._time_column = _TIME_COLUMNS[table]
         self._pool = pool
 
     def _criteria(self, tombstone: Tombstone) -> tuple[str, tuple[object, ...]]:
         subject = subject_of(tombstone)
         return (
             f" FROM {self._table} WHERE tenant_id = %s AND (conversation_id = ANY(%s)"
-            " OR (owner_type = %s AND owner_id = %s))",
+            f" OR (owner_type = %s AND owner_id = %s AND {self._time_column} <= %s))",
             (
                 tombstone.tenant_id,
                 tombstone.conversation_ids(),
                 subject[0] if subject else None,
                 subject[1] if subject else None,
+                tombstone.cut_off,
             ),
         )
 

@@ -12,27 +12,31 @@ from typing import Any
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.deletion import store
-from projections.deletion.derived import match_of, subject_of
+from projections.deletion.derived import erased_by, match_of, subject_of
 from projections.embeddings.vectors import VectorStore, memory_entry_id
 from topics.deletion import Tombstone
 
+# A subject's erasure covers what it had up to the cut-off; what it has since is new data.
 _OF_TARGET = (
     " WHERE tenant_id = %(tenant)s AND (conversation_id = ANY(%(conversations)s)"
-    " OR (owner_type = %(subject_type)s AND owner_id = %(subject_id)s))"
+    " OR (owner_type = %(subject_type)s AND owner_id = %(subject_id)s AND {at} <= %(cut_off)s))"
 )
 _MEMORIES_OF_TARGET = (
     " WHERE tenant_id = %(tenant)s AND (memory_id = ANY(%(memories)s)"
     " OR source_conversation_id = ANY(%(conversations)s)"
-    " OR (subject_type = %(subject_type)s AND subject_id = %(subject_id)s))"
+    " OR (subject_type = %(subject_type)s AND subject_id = %(subject_id)s"
+    " AND {at} <= %(cut_off)s))"
 )
 # What the projections still hold of an erased target, table by table.
 _PROJECTION_CHECKS: dict[str, str] = {
-    "memories": "SELECT count(*) FROM memories" + _MEMORIES_OF_TARGET,
-    "memory_versions": "SELECT count(*) FROM memory_versions" + _MEMORIES_OF_TARGET,
-    "conversations": "SELECT count(*) FROM conversations" + _OF_TARGET,
-    "messages": "SELECT count(*) FROM conversation_messages" + _OF_TARGET,
-    "summaries": "SELECT count(*) FROM conversation_summaries" + _OF_TARGET,
-    "context_views": "SELECT count(*) FROM conversation_context" + _OF_TARGET,
+    "memories": "SELECT count(*) FROM memories" + _MEMORIES_OF_TARGET.format(at="created_at"),
+    "memory_versions": "SELECT count(*) FROM memory_versions"
+    + _MEMORIES_OF_TARGET.format(at="occurred_at"),
+    "conversations": "SELECT count(*) FROM conversations" + _OF_TARGET.format(at="started_at"),
+    "messages": "SELECT count(*) FROM conversation_messages" + _OF_TARGET.format(at="occurred_at"),
+    "summaries": "SELECT count(*) FROM conversation_summaries"
+    + _OF_TARGET.format(at="occurred_at"),
+    "context_views": "SELECT count(*) FROM conversation_context" + _OF_TARGET.format(at="built_at"),
 }
 # A revocation keeps the revoked row and its history; only recall must not return it.
 _RECALLABLE = (
@@ -54,12 +58,15 @@ async def verify(
         "conversations": tombstone.conversation_ids(),
         "subject_type": subject_type,
         "subject_id": subject_id,
+        "cut_off": tombstone.cut_off,
     }
     checks = _PROJECTION_CHECKS if tombstone.kind == "erasure" else {"recallable": _RECALLABLE}
     for name, query in checks.items():
         found[name] = await _count(conn, query, params)
     match = match_of(tombstone)
-    found["vectors_by_target"] = [e.id for e in await asyncio.to_thread(vectors.find, match)]
+    found["vectors_by_target"] = [
+        e.id for e in erased_by(tombstone, await asyncio.to_thread(vectors.find, match))
+    ]
     found["vectors_by_id"] = [
         e.id
         for e in await asyncio.to_thread(

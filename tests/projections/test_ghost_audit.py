@@ -1,10 +1,12 @@
-"""Which vector entries an erasure covers (the audit and the embeddings swap), no services."""
+"""Which vector entries an erasure covers (the audit, the embeddings swap and the store's
+removal), with no services."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 from projections.deletion.audit import erased_entries
+from projections.deletion.derived import erased_by
 from projections.deletion.erasure import (
     Erasure,
     ErasureIndex,
@@ -13,6 +15,7 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from projections.embeddings.vectors import VectorEntry, memory_entry_id
+from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
 CUT_OFF = datetime(2026, 3, 1, 12, tzinfo=UTC)
 
@@ -64,3 +67,24 @@ def test_entries_of_an_erased_subject_memory_or_conversation_up_to_the_cut_off()
         "m_from_gone",
     ]
     assert erased_entries(entries, other_tenant) == []
+
+
+def test_a_subjects_tombstone_erases_its_items_and_what_came_before_the_cut_off_only() -> None:
+    before, after = CUT_OFF - timedelta(seconds=1), CUT_OFF + timedelta(seconds=1)
+    tombstone = Tombstone(
+        deletion_id="d1",
+        tenant_id="acme",
+        kind="erasure",
+        target=DeletionTarget(type="subject", id="alice", subject_type="user"),
+        items=(TombstoneItem(type="memory", id="m_listed"),),
+        issued_at=CUT_OFF,
+        cut_off=CUT_OFF,
+        deadline_at=CUT_OFF + timedelta(hours=1),
+        required_stores=("embeddings",),
+    )
+    found = [
+        entry("m_listed", "alice", after),  # listed: erased whatever its time
+        entry("m_old", "alice", before),
+        entry("m_new", "alice", after),  # new data about Alice after her erasure
+    ]
+    assert [e.memory_id for e in erased_by(tombstone, found)] == ["m_listed", "m_old"]
