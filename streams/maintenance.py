@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections import bookkeeping
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.cache.store import RedisCache
-from projections.deletion import queries, store
+from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
 from projections.embeddings.vectors import VectorStore
 from streams.kafka import KafkaPublisher
@@ -68,12 +68,12 @@ class LedgerMaintenance(Service):
         publish ``deletion.overdue``, through the outbox like every other output."""
         now = self._clock()
         async with self._pool.connection() as conn, conn.transaction():
-            rows = await store.overdue(conn, now, self._redelivery_interval)
+            rows = await lifecycle.overdue(conn, now, self._redelivery_interval)
             if not rows:
                 return 0
             messages: list[OutboxMessage] = []
             for tenant_id, deletion_id, store_name in rows:
-                tombstone = await store.tombstone_of(conn, tenant_id, deletion_id)
+                tombstone = await lifecycle.tombstone_of(conn, tenant_id, deletion_id)
                 key = entity_key(tenant_id, deletion_id).encode()
                 messages.append(
                     OutboxMessage(
@@ -82,8 +82,8 @@ class LedgerMaintenance(Service):
                         encode(tombstone.model_copy(update={"for_stores": (store_name,)})),
                     )
                 )
-            await store.mark_redelivered(conn, rows, now)
-            states = await store.load_states(conn, {(t, d) for t, d, _ in rows})
+            await lifecycle.mark_redelivered(conn, rows, now)
+            states = await lifecycle.load_states(conn, {(t, d) for t, d, _ in rows})
             for state in states.values():
                 overdue = {
                     name: ack.model_copy(update={"status": "overdue"})
@@ -116,7 +116,9 @@ class LedgerMaintenance(Service):
             done = 0
             for tenant_id, deletion_id in await queries.unverified(conn):
                 result = await verify(conn, self._vectors, self._cache, tenant_id, deletion_id)
-                await store.save_verification(conn, tenant_id, deletion_id, result, self._clock())
+                await lifecycle.save_verification(
+                    conn, tenant_id, deletion_id, result, self._clock()
+                )
                 await conn.commit()
                 if not result["clean"]:
                     log.error(

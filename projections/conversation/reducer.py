@@ -334,7 +334,7 @@ def reduce_batch(
                 _refuse(
                     event,
                     RejectionReason.ERASED,
-                    f"erased by {erasure.deletion_id} (cut-off {erasure.cut_off.isoformat()})",
+                    erasure.describe(),
                     record,
                 ).rejection
             )

@@ -39,6 +39,10 @@ class Erasure:
     deletion_id: str
     cut_off: datetime
 
+    def describe(self) -> str:
+        """Why an event is refused, for its rejection's details."""
+        return f"erased by {self.deletion_id} (cut-off {self.cut_off.isoformat()})"
+
 
 @dataclass(frozen=True, slots=True)
 class ErasureIndex:

@@ -11,7 +11,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deletion import store
+from projections.deletion import lifecycle, store
 from projections.deletion.ledger import (
     LedgerBatch,
     LedgerEntry,
@@ -101,7 +101,7 @@ class LedgerProjection:
         # Exclusive: no projection batch of these tenants runs between resolving the targets
         # and committing the erasure, so nothing written meanwhile escapes it.
         await store.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
-        states = await store.load_states(conn, (request_key(e) for e in events))
+        states = await lifecycle.load_states(conn, (request_key(e) for e in events))
         resolved = {
             request_key(e): await store.resolve(conn, e.tenant_id, e.payload.target)
             for e in requests
@@ -116,7 +116,7 @@ class LedgerProjection:
 
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
         await record_and_erase(conn, outcome.entries, self._embedder)
-        await store.save_states(conn, [s for s in outcome.states.values() if s.stores])
+        await lifecycle.save_states(conn, [s for s in outcome.states.values() if s.stores])
 
     def outputs(self, outcome: LedgerBatch) -> list[OutboxMessage]:
         messages = [tombstone_message(self._topics, entry) for entry in outcome.entries]

@@ -11,7 +11,7 @@ from typing import Any
 
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
-from projections.deletion import store
+from projections.deletion import lifecycle, store
 from projections.deletion.derived import erased_by, match_of, subject_of
 from projections.embeddings.vectors import VectorStore, memory_entry_id
 from topics.deletion import Tombstone
@@ -48,7 +48,7 @@ _RECALLABLE = (
 async def verify(
     conn: Conn, vectors: VectorStore, cache: RedisCache, tenant_id: str, deletion_id: str
 ) -> dict[str, Any]:
-    tombstone = await store.tombstone_of(conn, tenant_id, deletion_id)
+    tombstone = await lifecycle.tombstone_of(conn, tenant_id, deletion_id)
     found: dict[str, Any] = {}
     memories = tombstone.ids("memory")
     subject_type, subject_id = subject_of(tombstone) or (None, None)

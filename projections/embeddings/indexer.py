@@ -17,6 +17,7 @@ from typing import Any
 
 from projections.deletion.erasure import (
     EntityKey,
+    Erasure,
     ErasureIndex,
     conversation_key,
     memory_key,
@@ -107,7 +108,7 @@ def plan_index(
     return plan
 
 
-def _refused(update: IndexUpdate, plan: IndexPlan, deletion_id: str, cut_off: datetime) -> None:
+def _refused(update: IndexUpdate, plan: IndexPlan, erasure: Erasure) -> None:
     if isinstance(update, MemoryUpdate):
         record = update.record
         assert record is not None
@@ -121,8 +122,7 @@ def _refused(update: IndexUpdate, plan: IndexPlan, deletion_id: str, cut_off: da
         Rejection(
             event_id=event_id,
             reason=RejectionReason.ERASED,
-            details=f"index update refused: erased by {deletion_id}"
-            f" (cut-off {cut_off.isoformat()})",
+            details=f"index update refused: {erasure.describe()}",
             tenant_id=update.tenant_id,
             entity_id=entity_id,
             event_type=event_type,
@@ -147,7 +147,7 @@ def _plan_memory(
         return
     erasure = held.erasures.covering(erasure_keys(update), record.updated_at)
     if erasure is not None:
-        _refused(update, plan, erasure.deletion_id, erasure.cut_off)
+        _refused(update, plan, erasure)
         plan.upserts.pop(entry_id, None)
         plan.removals.append(removal)
         return
@@ -189,7 +189,7 @@ def _plan_message(
     entry_id = message_entry_id(update.tenant_id, update.conversation_id, update.message_id)
     erasure = held.erasures.covering(erasure_keys(update), update.occurred_at)
     if erasure is not None:
-        _refused(update, plan, erasure.deletion_id, erasure.cut_off)
+        _refused(update, plan, erasure)
         plan.upserts.pop(entry_id, None)
         plan.removals.append(Match(tenant_id=update.tenant_id, entry_ids=(entry_id,)))
         return

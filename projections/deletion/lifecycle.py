@@ -1,0 +1,146 @@
+"""The lifecycle of each deletion request in PostgreSQL: its per-store state (acks, deadlines,
+redeliveries), its completion and its verification result."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from projections.bookkeeping import Conn
+from projections.deletion.ledger import RequestKey, RequestState
+from topics.deletion import DeletionTarget, StoreState, Tombstone
+
+
+async def load_states(conn: Conn, keys: Iterable[RequestKey]) -> dict[RequestKey, RequestState]:
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    columns = [list(column) for column in zip(*wanted, strict=True)]
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id,"
+            " r.subject_type, r.cut_off, r.completed_at FROM deletion_requests r"
+            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
+            " USING (tenant_id, deletion_id)",
+            columns,
+        )
+        requests = await cursor.fetchall()
+        await cursor.execute(
+            "SELECT a.* FROM deletion_store_acks a"
+            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
+            " USING (tenant_id, deletion_id)",
+            columns,
+        )
+        acks = await cursor.fetchall()
+    stores: dict[RequestKey, dict[str, StoreState]] = {}
+    for ack in acks:
+        stores.setdefault((ack["tenant_id"], ack["deletion_id"]), {})[ack["store"]] = _store_state(
+            ack
+        )
+    return {
+        (r["tenant_id"], r["deletion_id"]): RequestState(
+            tenant_id=r["tenant_id"],
+            deletion_id=r["deletion_id"],
+            kind=r["kind"],
+            target=DeletionTarget(
+                type=r["target_type"], id=r["target_id"], subject_type=r["subject_type"]
+            ),
+            requested_at=r["cut_off"],
+            completed_at=r["completed_at"],
+            stores=stores.get((r["tenant_id"], r["deletion_id"]), {}),
+        )
+        for r in requests
+    }
+
+
+def _store_state(row: Mapping[str, Any]) -> StoreState:
+    return StoreState(
+        status=row["status"],
+        deadline_at=row["deadline_at"],
+        acked_at=row["acked_at"],
+        removed_count=row["removed_count"],
+        attempts=row["attempts"],
+        redeliveries=row["redeliveries"],
+        error=row["error"],
+    )
+
+
+async def save_states(conn: Conn, states: Sequence[RequestState]) -> None:
+    acks = [
+        (ack.status, ack.acked_at, ack.removed_count, ack.attempts, ack.error, *key)
+        for state in states
+        for key, ack in _store_keys(state)
+    ]
+    completed = [(s.completed_at, s.tenant_id, s.deletion_id) for s in states if s.completed]
+    async with conn.cursor() as cursor:
+        if acks:
+            await cursor.executemany(
+                "UPDATE deletion_store_acks SET status = %s, acked_at = %s,"
+                " removed_count = %s, attempts = %s, error = %s"
+                " WHERE tenant_id = %s AND deletion_id = %s AND store = %s",
+                acks,
+            )
+        if completed:
+            await cursor.executemany(
+                "UPDATE deletion_requests SET status = 'completed', completed_at = %s"
+                " WHERE tenant_id = %s AND deletion_id = %s AND status = 'pending'",
+                completed,
+            )
+
+
+def _store_keys(state: RequestState) -> list[tuple[tuple[str, str, str], StoreState]]:
+    return [
+        ((state.tenant_id, state.deletion_id, store), ack) for store, ack in state.stores.items()
+    ]
+
+
+async def tombstone_of(conn: Conn, tenant_id: str, deletion_id: str) -> Tombstone:
+    cursor = await conn.execute(
+        "SELECT tombstone FROM deletion_requests WHERE tenant_id = %s AND deletion_id = %s",
+        (tenant_id, deletion_id),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return Tombstone.model_validate(row[0])
+
+
+async def overdue(
+    conn: Conn, now: datetime, redelivery_interval: timedelta
+) -> list[tuple[str, str, str]]:
+    """(tenant, deletion_id, store) not acknowledged by their deadline, and not redelivered
+    within the last interval. Locks the rows for the caller's transaction."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, deletion_id, store FROM deletion_store_acks"
+        " WHERE status <> 'done' AND deadline_at < %s"
+        " AND (last_redelivered_at IS NULL OR last_redelivered_at < %s)"
+        " ORDER BY deadline_at FOR UPDATE SKIP LOCKED",
+        (now, now - redelivery_interval),
+    )
+    return [(row[0], row[1], row[2]) for row in await cursor.fetchall()]
+
+
+async def mark_redelivered(conn: Conn, rows: Sequence[tuple[str, str, str]], now: datetime) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "UPDATE deletion_store_acks SET redeliveries = redeliveries + 1,"
+            " last_redelivered_at = %s WHERE tenant_id = %s AND deletion_id = %s AND store = %s",
+            [(now, *row) for row in rows],
+        )
+
+
+async def save_verification(
+    conn: Conn, tenant_id: str, deletion_id: str, result: Mapping[str, Any], now: datetime
+) -> None:
+    await conn.execute(
+        "UPDATE deletion_requests SET verification = %s, verified_at = %s"
+        " WHERE tenant_id = %s AND deletion_id = %s",
+        (Jsonb(dict(result)), now, tenant_id, deletion_id),
+    )
+    await conn.execute(
+        "DELETE FROM deletion_probes WHERE tenant_id = %s AND deletion_id = %s",
+        (tenant_id, deletion_id),
+    )
