@@ -318,6 +318,7 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
     create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
     apply_migrations(settings.postgres_dsn)
     test_env = Env(settings, schema, tmp_path)
+    schemas_before = schema_names(stack.postgres_dsn)
     try:
         yield test_env
     finally:
@@ -325,8 +326,22 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
         for each in every:
             for worker in each.workers:
                 worker.stop()
+        # The test's own schemas, and the shadow and retired schemas its replays left: a dev
+        # stack that runs the suite every day must not collect them (nor the topics below).
+        left = schema_names(stack.postgres_dsn) - schemas_before
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            for each in every:
-                conn.execute(f"DROP SCHEMA {each.schema} CASCADE")
-        admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-        admin.delete_topics([settings.topics.name(spec) for spec in ALL_TOPICS])
+            for name in sorted(left | {each.schema for each in every}):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
+
+
+def schema_names(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {name for (name,) in conn.execute("SELECT nspname FROM pg_namespace")}
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete and wait: an AdminClient dropped before its request is sent deletes nothing."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(topics).values():
+        future.result(timeout=30)

@@ -19,6 +19,11 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
 
 Rates are events/s of the same stream, so the ratios compare like with like. The machine is
 shared and noisy: read the ratios, not the absolute numbers. Needs ``ops/stack up``.
+
+Beside the rates it reports CPU time per event of each process involved (the workers, the
+PostgreSQL server processes and the broker, from /proc, when the native stack runs them), for
+the live apply and for the bare upsert: on a machine with few cores the ratio is set by how
+much CPU each path spends per event, and this says where it goes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from projections.migrate import migrate
 from streams.kafka import create_topics, producer_config
 from streams.progress import end_offsets, wait_pipeline
 from streams.replay import replay_projection
+from streams.runtime import tune_garbage_collection
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
 from streams.worker import memory_projection
@@ -53,6 +59,73 @@ from topics.schemas import default_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ops" / "bench" / "results"
+STACK = Path(os.environ.get("MEMPROJ_STACK_DIR", REPO / ".stack"))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def stack_processes() -> dict[str, list[int]]:
+    """The native stack's PostgreSQL (postmaster and its backends) and Kafka processes."""
+    found: dict[str, list[int]] = {}
+    postmaster = STACK / "postgres" / "data" / "postmaster.pid"
+    kafka = STACK / "kafka" / "kafka.pid"
+    if postmaster.exists():
+        parent = int(postmaster.read_text().split()[0])
+        children = [
+            int(stat.parent.name)
+            for stat in Path("/proc").glob("[0-9]*/stat")
+            if _parent_of(stat) == parent
+        ]
+        found["postgres"] = [parent, *children]
+    if kafka.exists():
+        found["kafka"] = [int(kafka.read_text().split()[0])]
+    return found
+
+
+def _parent_of(stat: Path) -> int | None:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+class CpuMeter:
+    """CPU seconds spent by named processes between ``start`` and ``stop``. The processes are
+    listed again at the stop, so that a PostgreSQL backend that connected meanwhile counts."""
+
+    def __init__(self, workers: dict[str, list[int]] | None = None) -> None:
+        self._workers = workers or {}
+        self._started: dict[int, float] = {}
+        self._process_started = 0.0
+        self.spent: dict[str, float] = {}
+
+    def _processes(self) -> dict[str, list[int]]:
+        return {**self._workers, **stack_processes()}
+
+    def start(self) -> None:
+        self._started = {
+            pid: cpu_seconds(pid) for pids in self._processes().values() for pid in pids
+        }
+        self._process_started = time.process_time()
+
+    def stop(self) -> None:
+        self.spent = {
+            name: sum(cpu_seconds(pid) - self._started.get(pid, 0.0) for pid in pids)
+            for name, pids in self._processes().items()
+        }
+        # this process: the producer during the live apply, the client of the bare upsert
+        self.spent["this process"] = time.process_time() - self._process_started
+
+    def per_event(self, events: int) -> dict[str, float]:
+        return {name: round(1e6 * spent / events, 1) for name, spent in self.spent.items()}
 
 
 def isolated(base: Settings, name: str) -> tuple[Settings, str]:
@@ -170,20 +243,23 @@ def baseline_rows(messages: list[tuple[bytes | None, bytes | None]]) -> list[tup
     return rows
 
 
-def bare_upsert(dsn: str, rows: list[tuple[Any, Any]], chunk: int = 1000) -> float:
+def bare_upsert(dsn: str, rows: list[tuple[Any, Any]], meter: CpuMeter, chunk: int = 1000) -> float:
     with psycopg.connect(dsn) as conn:
+        meter.start()
         started = time.perf_counter()
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(UPSERT, [current for current, _ in part])
                 cursor.executemany(HISTORY, [history for _, history in part])
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        meter.stop()
+        return elapsed
 
 
 def projection_apply(
     settings: Settings, messages: list[Any], log_path: Path, workers: int
-) -> float:
+) -> tuple[float, CpuMeter]:
     environment = dict(os.environ)
     environment.update({f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
     processes = []
@@ -215,10 +291,17 @@ def projection_apply(
 
         produce(settings, messages[:1])  # warm-up: the worker has joined its group and
         asyncio.run(caught_up())  # applied one batch before the clock starts
+        workers_of: dict[str, list[int]] = {}
+        for kind, process in zip(kinds, processes, strict=True):
+            workers_of.setdefault(f"{kind} worker(s)", []).append(process.pid)
+        meter = CpuMeter(workers_of)
+        meter.start()
         started = time.perf_counter()
         produce(settings, messages[1:])
         asyncio.run(caught_up())
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        meter.stop()
+        return elapsed, meter
     finally:
         for process in processes:
             process.terminate()
@@ -262,25 +345,28 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rebuild = None
     try:
-        apply_seconds = projection_apply(
+        apply_seconds, apply_cpu = projection_apply(
             settings, messages, RESULTS / f"worker-{name}.log", args.workers
         )
+        tune_garbage_collection()  # as ``memproj replay`` does
         rebuild = asyncio.run(
             replay_projection(settings, memory_projection(settings), swap="never")
         )
         consume_seconds = raw_consume(settings, count)
         noop_rate = faust_noop(settings, count)
         rows = baseline_rows(messages)
-        upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows)
+        upsert_cpu = CpuMeter()
+        upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows, upsert_cpu)
     finally:
         with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
             if rebuild is not None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
             conn.execute(f"DROP SCHEMA {baseline_schema} CASCADE")
-        AdminClient({"bootstrap.servers": base.kafka_bootstrap}).delete_topics(
-            [settings.topics.name(spec) for spec in ALL_TOPICS]
-        )
+        admin = AdminClient({"bootstrap.servers": base.kafka_bootstrap})
+        deletions = admin.delete_topics([settings.topics.name(spec) for spec in ALL_TOPICS])
+        for deletion in deletions.values():
+            deletion.result(timeout=30)  # dropped unsent otherwise: topics would pile up
 
     apply_rate = (count - 1) / apply_seconds
     rebuild_rate = rebuild.rate
@@ -300,6 +386,8 @@ def main() -> None:
         "rebuild_vs_apply": round(rebuild_rate / apply_rate, 2),
         "workers": args.workers,
         "cpus": os.cpu_count(),
+        "apply_cpu_us_per_event": apply_cpu.per_event(count - 1),
+        "bare_upsert_cpu_us_per_event": upsert_cpu.per_event(count),
     }
     (RESULTS / f"projection-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
         json.dumps(result, indent=2)
@@ -314,6 +402,12 @@ def main() -> None:
     print(f"  rebuild / live apply         {rebuild_rate / apply_rate:>10.2f}")
     print(f"  apply / raw consume          {apply_rate / consume_rate:>10.3f}")
     print(f"  apply / faust no-op agent    {apply_rate / noop_rate:>10.2f}")
+    for label, spent in (
+        ("live apply", result["apply_cpu_us_per_event"]),
+        ("bare upsert", result["bare_upsert_cpu_us_per_event"]),
+    ):
+        parts = ", ".join(f"{who} {us:.0f}" for who, us in spent.items())
+        print(f"  CPU µs per event, {label}: {parts}")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,6 @@ class SealedCodec:
         except Shredded:
             # A deletion destroyed the key: the event keeps its identity (for the erasure
             # guard and idempotency) and is marked so that nothing ever applies it.
-            event = self._inner.decode(key, orjson.dumps(with_placeholders(raw)))
-            event.mark_unreadable()
-            return event
+            return self._inner.decode(key, orjson.dumps(with_placeholders(raw))).unreadable_copy()
         except (Unreadable, KeyError, TypeError) as exc:
             raise InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)) from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import uuid
 from collections import Counter
 from typing import Any, LiteralString
@@ -10,8 +11,10 @@ from typing import Any, LiteralString
 import click
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from projections.bookkeeping import Conn
+from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import producer_config
 from streams.progress import end_offsets, wait_pipeline
@@ -62,6 +65,57 @@ def demo_produce(
         for expectation, count in sorted(expectations.items()):
             click.echo(f"  {count:6}  {expectation}")
     producer.flush(30)
+
+
+# ops/demo names every run "demo<unix time>": its topic prefix, schema and consumer groups.
+DEMO_RUN = re.compile(r"demo([0-9]+)")
+
+
+def _run_time(run: str) -> int:
+    found = DEMO_RUN.fullmatch(run)
+    if found is None:
+        raise click.BadParameter(f"{run!r} is not a demo run name (demo<unix time>)")
+    return int(found.group(1))
+
+
+@demo.command("clean")
+@click.option("--before", "current", required=True, help="the current run, e.g. demo1795973724")
+@click.pass_context
+def demo_clean(ctx: click.Context, current: str) -> None:
+    """Remove the demo runs older than CURRENT: their topics, consumer groups and PostgreSQL
+    schemas. ``ops/demo`` runs it first, so the stack keeps the latest run only."""
+    settings = settings_of(ctx)
+    cut_off = _run_time(current)
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+
+    def older(name: str, form: str) -> bool:
+        found = re.fullmatch(form.format(run=DEMO_RUN.pattern), name)
+        return found is not None and int(found.group(1)) < cut_off
+
+    topics = [t for t in admin.list_topics(timeout=30).topics if older(t, r"{run}\..+")]
+    for deletion in (admin.delete_topics(topics) if topics else {}).values():
+        deletion.result(timeout=60)
+    groups = [
+        listing.group_id
+        for listing in admin.list_consumer_groups().result(timeout=30).valid
+        if older(listing.group_id, r"memproj-{run}-.+")
+    ]
+    for deletion in (admin.delete_consumer_groups(groups) if groups else {}).values():
+        deletion.result(timeout=60)
+
+    async def drop_schemas(conn: Conn) -> list[str]:
+        cursor = await conn.execute("SELECT nspname FROM pg_namespace")
+        schemas = [name for (name,) in await cursor.fetchall() if older(name, "{run}")]
+        for schema in schemas:
+            await drop_schema(conn, schema)
+        await conn.commit()
+        return schemas
+
+    schemas = with_connection(settings, drop_schemas)
+    click.echo(
+        f"removed {len(topics)} topics, {len(groups)} consumer groups and {len(schemas)}"
+        " schemas of earlier demo runs"
+    )
 
 
 def read_topic(settings: Settings, topic: str) -> list[InputMessage]:

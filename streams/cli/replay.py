@@ -31,6 +31,7 @@ from streams.replay import (
     replay_embeddings,
     replay_projection,
 )
+from streams.runtime import tune_garbage_collection
 from streams.settings import Settings
 from streams.worker import WORKER_KINDS, conversation_projection, memory_projection
 
@@ -99,6 +100,7 @@ def replay(
                 else conversation_projection(settings, Metrics(CollectorRegistry()))
             )
             rebuild = replay_projection(settings, target, parse_start(start), mode, shown)
+        tune_garbage_collection()
         try:
             report = asyncio.run(rebuild)
         except ReplayStopped as stopped:

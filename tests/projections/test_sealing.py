@@ -8,6 +8,8 @@ import orjson
 import pytest
 
 from projections.deletion.erasure import Erasure, ErasureIndex, memory_key
+from projections.memory.reducer import reduce_batch
+from projections.sealing.codec import SealedCodec
 from projections.sealing.crypto import (
     Unreadable,
     new_data_key,
@@ -21,6 +23,7 @@ from projections.sealing.fields import Shredded, entity_of, seal, seal_erased, u
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
+from topics.memory import MemoryProposed
 from topics.registry import TopicNames
 from topics.schemas import default_schemas
 
@@ -99,3 +102,21 @@ def test_the_master_key_must_be_32_bytes_of_base64() -> None:
         parse_master_key("not base64!")
     with pytest.raises(ValueError):
         parse_master_key("c2hvcnQ=")
+
+
+def test_an_event_whose_key_was_shredded_keeps_its_identity_and_is_never_applied() -> None:
+    schemas = default_schemas()
+    inner = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
+    raw = EventFactory().proposed("t1", "m1", value={"text": "secret"})
+    key, _ = to_message(raw)
+    sealed = orjson.dumps(seal(raw, new_data_key()))
+    codec = SealedCodec(inner, None)  # type: ignore[arg-type]  # no keys loaded: all shredded
+
+    event = codec.decode(key, sealed)
+
+    assert isinstance(event, MemoryProposed) and not event.readable
+    assert (event.event_id, event.memory_id, event.payload.value) == (raw["event_id"], "m1", {})
+    readable = inner.decode(key, orjson.dumps({**raw, "payload": {**raw["payload"], "value": {}}}))
+    assert readable.readable and event.body_hash() == readable.body_hash()
+    result = reduce_batch([event], {}, {})
+    assert result.shredded == 1 and not result.records and not result.rejections
