@@ -309,8 +309,9 @@ def projection_apply(
             process.wait(30)
 
 
-def faust_noop(settings: Settings, count: int) -> float:
-    """events/s of a faust agent that only acknowledges (the per-event ceiling of faust)."""
+def faust_noop(settings: Settings, count: int) -> tuple[float, float]:
+    """events/s of a faust agent that only acknowledges (the per-event ceiling of faust), and
+    the CPU µs it spent per event."""
     output = subprocess.run(
         [
             sys.executable,
@@ -324,7 +325,8 @@ def faust_noop(settings: Settings, count: int) -> float:
         cwd=REPO,
         check=True,
     )
-    return float(output.stdout.decode().strip().splitlines()[-1])
+    rate, cpu = output.stdout.decode().strip().splitlines()[-1].split()
+    return float(rate), float(cpu)
 
 
 def main() -> None:
@@ -353,7 +355,7 @@ def main() -> None:
             replay_projection(settings, memory_projection(settings), swap="never")
         )
         consume_seconds = raw_consume(settings, count)
-        noop_rate = faust_noop(settings, count)
+        noop_rate, noop_cpu = faust_noop(settings, count)
         rows = baseline_rows(messages)
         upsert_cpu = CpuMeter()
         upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows, upsert_cpu)
@@ -388,6 +390,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "apply_cpu_us_per_event": apply_cpu.per_event(count - 1),
         "bare_upsert_cpu_us_per_event": upsert_cpu.per_event(count),
+        "faust_noop_agent_cpu_us_per_event": round(noop_cpu, 1),
     }
     (RESULTS / f"projection-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
         json.dumps(result, indent=2)
@@ -402,6 +405,7 @@ def main() -> None:
     print(f"  rebuild / live apply         {rebuild_rate / apply_rate:>10.2f}")
     print(f"  apply / raw consume          {apply_rate / consume_rate:>10.3f}")
     print(f"  apply / faust no-op agent    {apply_rate / noop_rate:>10.2f}")
+    print(f"  CPU µs per event, faust no-op agent: {noop_cpu:.0f}")
     for label, spent in (
         ("live apply", result["apply_cpu_us_per_event"]),
         ("bare upsert", result["bare_upsert_cpu_us_per_event"]),
