@@ -116,3 +116,13 @@ def create_topics(
                 raise
             results.append(TopicCreation(name, False, "exists"))
     return sorted(results, key=lambda result: result.name)
+
+
+def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 60.0) -> None:
+    """Delete ``names`` and wait until the broker confirms: the requests of an AdminClient
+    destroyed before they are sent are dropped, and the topics would stay."""
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for deletion in admin.delete_topics(list(names), operation_timeout=timeout).values():
+        deletion.result(timeout=timeout)

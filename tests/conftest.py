@@ -28,12 +28,15 @@ from confluent_kafka.admin import AdminClient
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
-from streams.kafka import create_topics, producer_config
+from streams.kafka import create_topics, delete_topics, producer_config
 from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
 from streams.settings import Settings
 from topics.messages import InputMessage
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
+
+# Fixtures of tests/support modules that several test modules use.
+pytest_plugins = ["support.vector_entries"]
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -338,10 +341,3 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
 def schema_names(dsn: str) -> set[str]:
     with psycopg.connect(dsn) as conn:
         return {name for (name,) in conn.execute("SELECT nspname FROM pg_namespace")}
-
-
-def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    """Delete and wait: an AdminClient dropped before its request is sent deletes nothing."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.delete_topics(topics).values():
-        future.result(timeout=30)

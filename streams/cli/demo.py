@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from projections.bookkeeping import Conn
 from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
-from streams.kafka import producer_config
+from streams.kafka import delete_topics, producer_config
 from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
@@ -93,8 +93,7 @@ def demo_clean(ctx: click.Context, current: str) -> None:
         return found is not None and int(found.group(1)) < cut_off
 
     topics = [t for t in admin.list_topics(timeout=30).topics if older(t, r"{run}\..+")]
-    for deletion in (admin.delete_topics(topics) if topics else {}).values():
-        deletion.result(timeout=60)
+    delete_topics(settings.kafka_bootstrap, topics)
     groups = [
         listing.group_id
         for listing in admin.list_consumer_groups().result(timeout=30).valid

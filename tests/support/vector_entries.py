@@ -1,0 +1,78 @@
+"""Vector-store entries for the tests of the LanceDB store: a memory's or a message's entry
+with a real embedding, at fixed times; and the ``store`` fixture (a pytest plugin of
+tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from projections.embeddings.embedder import HashingEmbedder
+from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.vectors import VectorEntry, memory_entry_id, message_entry_id
+
+EMBEDDER = HashingEmbedder()
+T0 = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
+
+
+def memory(
+    memory_id: str,
+    text: str,
+    tenant_id: str = "tenant-a",
+    subject: tuple[str, str] = ("user", "u1"),
+    version: int = 1,
+) -> VectorEntry:
+    return VectorEntry(
+        id=memory_entry_id(tenant_id, memory_id),
+        kind="memory",
+        tenant_id=tenant_id,
+        subject_type=subject[0],
+        subject_id=subject[1],
+        memory_id=memory_id,
+        conversation_id=None,
+        message_id=None,
+        source_type="conversation",
+        source_ref=f"conv/{memory_id}",
+        text=text,
+        version=version,
+        occurred_at=T0 + timedelta(minutes=version),
+        vector=tuple(EMBEDDER.embed([text])[0]),
+    )
+
+
+def message(
+    conversation_id: str,
+    message_id: str,
+    text: str,
+    tenant_id: str = "tenant-a",
+    subject: tuple[str, str] = ("user", "u1"),
+) -> VectorEntry:
+    return VectorEntry(
+        id=message_entry_id(tenant_id, conversation_id, message_id),
+        kind="message",
+        tenant_id=tenant_id,
+        subject_type=subject[0],
+        subject_id=subject[1],
+        memory_id=None,
+        conversation_id=conversation_id,
+        message_id=message_id,
+        source_type="message",
+        source_ref=f"{conversation_id}/{message_id}",
+        text=text,
+        version=1,
+        occurred_at=T0,
+        vector=tuple(EMBEDDER.embed([text])[0]),
+    )
+
+
+def ids(entries: Iterable[VectorEntry]) -> set[str]:
+    return {entry.id for entry in entries}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LanceVectorStore:
+    """An empty LanceDB vector store on disk, for the embedder the entries use."""
+    return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
