@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import faust
 
+from streams import transport
 from streams.settings import Settings
 
 
 def build_app(settings: Settings, worker: str) -> faust.App:
     datadir = settings.data_dir / "faust" / worker
     datadir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    app = faust.App(
         settings.group_id(worker),
         broker=f"kafka://{settings.kafka_bootstrap}",
         # Agents take the raw bytes: the contract codec decodes them, so that a bad message
@@ -38,3 +39,5 @@ def build_app(settings: Settings, worker: str) -> faust.App:
         # (Waiting would hang forever after an agent crash left events unacknowledged.)
         stream_wait_empty=False,
     )
+    transport.install(app)
+    return app

@@ -15,7 +15,10 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
   (the same runner, reducer and guard, read with a plain confluent-kafka consumer);
 - projection apply: ``memproj worker sealer`` then ``memproj worker memory`` (faust agents,
   sealing, decode, reduce, one transaction per batch, outbox publish, offsets acknowledged),
-  from the first produced event to the last committed row.
+  from the first produced event to the last committed row;
+- each stage of it alone, in a second environment: the sealer from the raw topic while the
+  memory workers are paused, then the memory workers from the sealed log the sealer wrote
+  (the memory projection's own rate from its input topic).
 
 Rates are events/s of the same stream, so the ratios compare like with like. The machine is
 shared and noisy: read the ratios, not the absolute numbers. Needs ``ops/stack up``.
@@ -32,10 +35,12 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +52,14 @@ from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
 from projections.memory.reducer import reduce_batch
 from projections.migrate import migrate
 from streams.kafka import create_topics, delete_topics, producer_config
-from streams.progress import end_offsets, wait_pipeline
+from streams.progress import end_offsets, wait_caught_up
 from streams.replay import replay_projection
 from streams.runtime import tune_garbage_collection
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
 from streams.worker import memory_projection
 from topics.codec import EventCodec, InvalidMessage
-from topics.registry import ALL_TOPICS, MEMORY_EVENTS
+from topics.registry import ALL_TOPICS, MEMORY_EVENTS, MEMORY_SEALED
 from topics.schemas import default_schemas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,56 +195,126 @@ def bare_upsert(dsn: str, rows: list[tuple[Any, Any]], meter: CpuMeter, chunk: i
         return elapsed
 
 
-def projection_apply(
-    settings: Settings, messages: list[Any], log_path: Path, workers: int
-) -> tuple[float, CpuMeter]:
-    environment = dict(os.environ)
-    environment.update({f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
-    processes = []
-    kinds = ["sealer"] + ["memory"] * workers  # the projection reads the sealed log
-    for number, kind in enumerate(kinds):
-        with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "streams", "worker", kind],
-                    env=environment,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=REPO,
+class Workers:
+    """``memproj worker sealer`` and ``memproj worker memory`` processes for one benchmark
+    environment, stopped (SIGTERM) when the block ends."""
+
+    def __init__(self, settings: Settings, log_path: Path, memory_workers: int) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.kinds = ["sealer"] + ["memory"] * memory_workers  # memory reads the sealed log
+        environment = dict(os.environ)
+        environment.update(
+            {f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+        )
+        self.processes: list[subprocess.Popen[bytes]] = []
+        for number, kind in enumerate(self.kinds):
+            with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "streams", "worker", kind],
+                        env=environment,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=REPO,
+                    )
                 )
-            )
-    try:
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+        for process in self.processes:
+            process.wait(30)
+
+    def pids(self) -> dict[str, list[int]]:
+        pids: dict[str, list[int]] = {}
+        for kind, process in zip(self.kinds, self.processes, strict=True):
+            pids.setdefault(f"{kind} worker(s)", []).append(process.pid)
+        return pids
+
+    def signal_memory_workers(self, number: signal.Signals) -> None:
+        for kind, process in zip(self.kinds, self.processes, strict=True):
+            if kind == "memory":
+                process.send_signal(number)
+
+    def wait(self, stage: str) -> None:
+        """Until ``stage`` (the sealer, the memory projection or both, ``pipeline``) has
+        applied everything produced so far."""
+        settings = self.settings
+        raw = settings.topics.name(MEMORY_EVENTS)
+        sealed = settings.topics.name(MEMORY_SEALED)
 
         async def caught_up() -> None:
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-                await wait_pipeline(
-                    conn,
-                    settings.kafka_bootstrap,
-                    settings.topics,
-                    MEMORY_EVENTS,
-                    "memory",
-                    deadline_seconds=900,
-                    interval=0.05,
-                )
+                if stage in ("sealer", "pipeline"):
+                    await wait_caught_up(
+                        conn, settings.kafka_bootstrap, "sealer", raw, 900, interval=0.05
+                    )
+                if stage in ("memory", "pipeline"):
+                    await wait_caught_up(
+                        conn, settings.kafka_bootstrap, "memory", sealed, 900, interval=0.05
+                    )
 
-        produce(settings, messages[:1])  # warm-up: the worker has joined its group and
-        asyncio.run(caught_up())  # applied one batch before the clock starts
-        workers_of: dict[str, list[int]] = {}
-        for kind, process in zip(kinds, processes, strict=True):
-            workers_of.setdefault(f"{kind} worker(s)", []).append(process.pid)
-        meter = CpuMeter(workers_of)
-        meter.start()
-        started = time.perf_counter()
+        async def unless_a_worker_exits() -> None:
+            waiting = asyncio.ensure_future(caught_up())
+            while not waiting.done():
+                await asyncio.wait((waiting,), timeout=0.5)
+                for kind, process in zip(self.kinds, self.processes, strict=True):
+                    if process.poll() is not None and not waiting.done():
+                        waiting.cancel()
+                        raise RuntimeError(f"the {kind} worker exited: see {self.log_path}.*")
+            waiting.result()
+
+        asyncio.run(unless_a_worker_exits())
+
+    def warm_up(self, messages: list[Any]) -> None:
+        """Every worker has joined its group and applied a batch before any clock starts."""
+        produce(self.settings, messages[:1])
+        self.wait("pipeline")
+
+
+def timed(workers: Workers, run: Callable[[], None]) -> tuple[float, CpuMeter]:
+    meter = CpuMeter(workers.pids())
+    meter.start()
+    started = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - started
+    meter.stop()
+    return elapsed, meter
+
+
+def projection_apply(
+    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+) -> tuple[float, CpuMeter]:
+    """The live pipeline: from the first produced event to the last committed row."""
+    with Workers(settings, log_path, memory_workers) as workers:
+        workers.warm_up(messages)
+
+        def produce_and_apply() -> None:
+            produce(settings, messages[1:])
+            workers.wait("pipeline")
+
+        return timed(workers, produce_and_apply)
+
+
+def stages_alone(
+    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+) -> tuple[tuple[float, CpuMeter], tuple[float, CpuMeter]]:
+    """Each stage of the live pipeline on its own: the sealer from the raw topic while the
+    memory workers are paused (SIGSTOP), then the memory workers from the sealed log the
+    sealer wrote. The memory projection's own rate, from its input topic to committed rows."""
+    with Workers(settings, log_path, memory_workers) as workers:
+        workers.warm_up(messages)
+        workers.signal_memory_workers(signal.SIGSTOP)
         produce(settings, messages[1:])
-        asyncio.run(caught_up())
-        elapsed = time.perf_counter() - started
-        meter.stop()
-        return elapsed, meter
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(30)
+        sealer = timed(workers, lambda: workers.wait("sealer"))
+        workers.signal_memory_workers(signal.SIGCONT)
+        memory = timed(workers, lambda: workers.wait("memory"))
+        return sealer, memory
 
 
 def faust_noop(settings: Settings, count: int) -> tuple[float, float]:
@@ -271,9 +346,15 @@ def main() -> None:
     base = Settings()
     name = uuid.uuid4().hex[:8]
     settings, schema = isolated(base, name)
+    stages_settings, stages_schema = isolated(base, name + "_stages")
+    # The memory workers stay paused while the sealer runs alone: no eviction from the group.
+    stages_settings = stages_settings.model_copy(update={"kafka_session_timeout_seconds": 60.0})
     baseline_settings, baseline_schema = isolated(base, name + "_base")
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    environments = (settings, stages_settings)
+    for environment in environments:
+        create_topics(environment.kafka_bootstrap, environment.topics, ALL_TOPICS)
     prepare_schema(base, settings, schema)
+    prepare_schema(base, stages_settings, stages_schema)
     prepare_schema(base, baseline_settings, baseline_schema)
     messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
     count = len(messages)
@@ -282,6 +363,9 @@ def main() -> None:
     try:
         apply_seconds, apply_cpu = projection_apply(
             settings, messages, RESULTS / f"worker-{name}.log", args.workers
+        )
+        (sealer_seconds, sealer_cpu), (memory_seconds, memory_cpu) = stages_alone(
+            stages_settings, messages, RESULTS / f"stages-{name}.log", args.workers
         )
         tune_garbage_collection()  # as ``memproj replay`` does
         rebuild = asyncio.run(
@@ -294,13 +378,19 @@ def main() -> None:
         upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows, upsert_cpu)
     finally:
         with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            for dropped in (schema, stages_schema, baseline_schema):
+                conn.execute(f"DROP SCHEMA IF EXISTS {dropped} CASCADE")
             if rebuild is not None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
-            conn.execute(f"DROP SCHEMA {baseline_schema} CASCADE")
-        delete_topics(base.kafka_bootstrap, [settings.topics.name(spec) for spec in ALL_TOPICS])
+        delete_topics(
+            base.kafka_bootstrap,
+            [e.topics.name(spec) for e in environments for spec in ALL_TOPICS],
+        )
 
-    apply_rate = (count - 1) / apply_seconds
+    applied = count - 1  # the warm-up event is applied before any clock starts
+    apply_rate = applied / apply_seconds
+    sealer_rate = applied / sealer_seconds
+    memory_rate = applied / memory_seconds
     rebuild_rate = rebuild.rate
     upsert_rate = count / upsert_seconds
     consume_rate = count / consume_seconds
@@ -311,14 +401,19 @@ def main() -> None:
         "bare_upsert_events_per_s": round(upsert_rate),
         "faust_noop_agent_events_per_s": round(noop_rate),
         "projection_apply_events_per_s": round(apply_rate),
+        "sealer_alone_events_per_s": round(sealer_rate),
+        "memory_projection_alone_events_per_s": round(memory_rate),
         "apply_vs_bare_upsert": round(apply_rate / upsert_rate, 2),
+        "memory_projection_alone_vs_bare_upsert": round(memory_rate / upsert_rate, 2),
         "apply_vs_raw_consume": round(apply_rate / consume_rate, 3),
         "apply_vs_faust_noop": round(apply_rate / noop_rate, 2),
         "rebuild_from_earliest_events_per_s": round(rebuild_rate),
         "rebuild_vs_apply": round(rebuild_rate / apply_rate, 2),
         "workers": args.workers,
         "cpus": os.cpu_count(),
-        "apply_cpu_us_per_event": apply_cpu.per_event(count - 1),
+        "apply_cpu_us_per_event": apply_cpu.per_event(applied),
+        "sealer_alone_cpu_us_per_event": sealer_cpu.per_event(applied),
+        "memory_projection_alone_cpu_us_per_event": memory_cpu.per_event(applied),
         "bare_upsert_cpu_us_per_event": upsert_cpu.per_event(count),
         "faust_noop_agent_cpu_us_per_event": round(noop_cpu, 1),
     }
@@ -326,18 +421,23 @@ def main() -> None:
         json.dumps(result, indent=2)
     )
     print(f"{count} events ({len(rows)} versions) of the sample stream, one run:")
-    print(f"  raw confluent-kafka consume  {consume_rate:>10,.0f} events/s")
-    print(f"  faust no-op agent            {noop_rate:>10,.0f} events/s")
-    print(f"  bare pipelined upsert        {upsert_rate:>10,.0f} events/s")
-    print(f"  projection apply (worker)    {apply_rate:>10,.0f} events/s")
-    print(f"  rebuild from earliest        {rebuild_rate:>10,.0f} events/s")
-    print(f"  apply / bare upsert          {apply_rate / upsert_rate:>10.2f}")
-    print(f"  rebuild / live apply         {rebuild_rate / apply_rate:>10.2f}")
-    print(f"  apply / raw consume          {apply_rate / consume_rate:>10.3f}")
-    print(f"  apply / faust no-op agent    {apply_rate / noop_rate:>10.2f}")
+    print(f"  raw confluent-kafka consume   {consume_rate:>10,.0f} events/s")
+    print(f"  faust no-op agent             {noop_rate:>10,.0f} events/s")
+    print(f"  bare pipelined upsert         {upsert_rate:>10,.0f} events/s")
+    print(f"  projection apply (pipeline)   {apply_rate:>10,.0f} events/s")
+    print(f"    sealer alone                {sealer_rate:>10,.0f} events/s")
+    print(f"    memory projection alone     {memory_rate:>10,.0f} events/s")
+    print(f"  rebuild from earliest         {rebuild_rate:>10,.0f} events/s")
+    print(f"  apply / bare upsert           {apply_rate / upsert_rate:>10.2f}")
+    print(f"  memory alone / bare upsert    {memory_rate / upsert_rate:>10.2f}")
+    print(f"  rebuild / live apply          {rebuild_rate / apply_rate:>10.2f}")
+    print(f"  apply / raw consume           {apply_rate / consume_rate:>10.3f}")
+    print(f"  apply / faust no-op agent     {apply_rate / noop_rate:>10.2f}")
     print(f"  CPU µs per event, faust no-op agent: {noop_cpu:.0f}")
     for label, spent in (
         ("live apply", result["apply_cpu_us_per_event"]),
+        ("sealer alone", result["sealer_alone_cpu_us_per_event"]),
+        ("memory projection alone", result["memory_projection_alone_cpu_us_per_event"]),
         ("bare upsert", result["bare_upsert_cpu_us_per_event"]),
     ):
         parts = ", ".join(f"{who} {us:.0f}" for who, us in spent.items())
