@@ -15,13 +15,20 @@ finishes in its first step has finished first, so there is no race to run.
 to wait goes on as a task, into faust's race, exactly as before. Only the first argument is
 started inline, and only while the consumer is neither stopping nor crashed: when it is,
 faust's own ``wait_first`` decides.
+
+One thing changes by design: the drain loop no longer gives the event loop a turn at every
+message, only at each fetch and every 100 messages (faust's own yield), so the agents,
+heartbeats and rebalance callbacks wait at most that long: a few milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Coroutine
+import functools
+import inspect
+import types
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 import faust
@@ -37,7 +44,9 @@ def start_inline(coroutine: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
 
     Returns a future that is already done if the coroutine finished without waiting (no task
     was created), or otherwise the task running the rest of it. An exception raised before
-    the first wait propagates from here.
+    the first wait propagates from here. Unlike in a task, ``asyncio.current_task()`` during
+    that first step is the caller's: the first step must not depend on it (``asyncio.timeout``
+    and ``TaskGroup`` do; faust's delivery does not).
     """
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
@@ -47,30 +56,52 @@ def start_inline(coroutine: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         finished: asyncio.Future[T] = loop.create_future()
         finished.set_result(stop.value)
         return finished
-    return loop.create_task(_resume(coroutine, awaited), context=context)
+    rest = loop.create_task(_resume(coroutine, awaited), context=context)
+    rest.add_done_callback(functools.partial(_unwind_if_never_resumed, coroutine, awaited))
+    return rest
 
 
 async def _resume(coroutine: Coroutine[Any, Any, T], awaited: Any) -> T:
-    """Drive a coroutine on from a wait, step by step, as ``asyncio.Task`` does."""
+    return await _steps(coroutine, awaited)
+
+
+@types.coroutine
+def _steps(coroutine: Coroutine[Any, Any, T], awaited: Any) -> Generator[Any, Any, T]:
+    """Hand the task what the coroutine waits on, and the coroutine what the task sends or
+    throws (a cancellation): the task steps the coroutine exactly as if it had started it."""
     while True:
-        throw_cancel = False
         try:
-            if awaited is None:  # a bare yield (``asyncio.sleep(0)``): give the loop a turn
-                await asyncio.sleep(0)
-            else:
-                awaited._asyncio_future_blocking = False
-                await asyncio.wait((awaited,))
-        except asyncio.CancelledError:
-            # Like a cancelled Task: cancel what the coroutine waits on, so that it sees the
-            # cancellation where it waits; if that is no longer possible, throw it in.
-            throw_cancel = awaited is None or not awaited.cancel()
+            sent = yield awaited
+        except BaseException as thrown:
+            step = functools.partial(coroutine.throw, thrown)
+        else:
+            step = functools.partial(coroutine.send, sent)
         try:
-            if throw_cancel:
-                awaited = coroutine.throw(asyncio.CancelledError())
-            else:
-                awaited = coroutine.send(None)
+            awaited = step()
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+
+
+def _unwind_if_never_resumed(
+    coroutine: Coroutine[Any, Any, Any], awaited: Any, rest: asyncio.Task[Any]
+) -> None:
+    """A task cancelled before its first step never reaches the coroutine: cancel what the
+    coroutine waits on and throw the cancellation in here instead, so that its cleanup runs."""
+    if not rest.cancelled() or inspect.getcoroutinestate(coroutine) != inspect.CORO_SUSPENDED:
+        return
+    if isinstance(awaited, asyncio.Future):
+        awaited.cancel()
+    try:
+        coroutine.throw(asyncio.CancelledError())
+    except (asyncio.CancelledError, StopIteration):
+        return
+    coroutine.close()  # it wants to wait again, and nothing is left to drive it
+
+
+def _close_unstarted(coros: Sequence[WaitArgT]) -> None:
+    for other in coros:
+        if asyncio.iscoroutine(other):
+            other.close()  # never started: nothing to wait for or clean up
 
 
 class InlineDeliveryConsumer(aiokafka.Consumer):
@@ -78,11 +109,13 @@ class InlineDeliveryConsumer(aiokafka.Consumer):
     async def wait_first(self, *coros: WaitArgT, timeout: Seconds = None) -> WaitResults:  # type: ignore[assignment]  # noqa: ASYNC109
         first = coros[0] if coros else None
         if asyncio.iscoroutine(first) and not (self.should_stop or self.crashed):
-            started = start_inline(first)
+            try:
+                started = start_inline(first)
+            except BaseException:
+                _close_unstarted(coros[1:])
+                raise
             if started.done():
-                for other in coros[1:]:
-                    if asyncio.iscoroutine(other):
-                        other.close()  # never started: nothing to wait for or clean up
+                _close_unstarted(coros[1:])
                 return WaitResults([first], [started.result()], False)
             coros = (started, *coros[1:])
         return await super().wait_first(*coros, timeout=timeout)
