@@ -1,0 +1,162 @@
+"""The live pipeline under the benchmark: ``memproj worker sealer`` and ``memproj worker
+memory`` processes, timed together or one stage at a time. Used by ops/bench/projection.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
+
+from streams.kafka import producer_config
+from streams.progress import wait_caught_up
+from streams.settings import Settings
+from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
+    producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 20}))
+    topic = settings.topics.name(MEMORY_EVENTS)
+    started = time.perf_counter()
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    return time.perf_counter() - started
+
+
+class Workers:
+    """``memproj worker sealer`` and ``memproj worker memory`` processes for one benchmark
+    environment, stopped (SIGTERM) when the block ends."""
+
+    def __init__(self, settings: Settings, log_path: Path, memory_workers: int) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.kinds = ["sealer"] + ["memory"] * memory_workers  # memory reads the sealed log
+        environment = dict(os.environ)
+        environment.update(
+            {f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+        )
+        self.processes: list[subprocess.Popen[bytes]] = []
+        for number, kind in enumerate(self.kinds):
+            with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "streams", "worker", kind],
+                        env=environment,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=REPO,
+                    )
+                )
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+        for process in self.processes:
+            process.wait(30)
+
+    def pids(self) -> dict[str, list[int]]:
+        pids: dict[str, list[int]] = {}
+        for kind, process in zip(self.kinds, self.processes, strict=True):
+            pids.setdefault(f"{kind} worker(s)", []).append(process.pid)
+        return pids
+
+    def signal_memory_workers(self, number: signal.Signals) -> None:
+        for kind, process in zip(self.kinds, self.processes, strict=True):
+            if kind == "memory":
+                process.send_signal(number)
+
+    def wait(self, stage: str) -> None:
+        """Until ``stage`` (the sealer, the memory projection or both, ``pipeline``) has
+        applied everything produced so far."""
+        settings = self.settings
+        raw = settings.topics.name(MEMORY_EVENTS)
+        sealed = settings.topics.name(MEMORY_SEALED)
+
+        async def caught_up() -> None:
+            async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+                if stage in ("sealer", "pipeline"):
+                    await wait_caught_up(
+                        conn, settings.kafka_bootstrap, "sealer", raw, 900, interval=0.05
+                    )
+                if stage in ("memory", "pipeline"):
+                    await wait_caught_up(
+                        conn, settings.kafka_bootstrap, "memory", sealed, 900, interval=0.05
+                    )
+
+        async def unless_a_worker_exits() -> None:
+            waiting = asyncio.ensure_future(caught_up())
+            while not waiting.done():
+                await asyncio.wait((waiting,), timeout=0.5)
+                for kind, process in zip(self.kinds, self.processes, strict=True):
+                    if process.poll() is not None and not waiting.done():
+                        waiting.cancel()
+                        raise RuntimeError(f"the {kind} worker exited: see {self.log_path}.*")
+            waiting.result()
+
+        asyncio.run(unless_a_worker_exits())
+
+    def warm_up(self, messages: list[Any]) -> None:
+        """Every worker has joined its group and applied a batch before any clock starts."""
+        produce(self.settings, messages[:1])
+        self.wait("pipeline")
+
+
+def timed(workers: Workers, run: Callable[[], None]) -> tuple[float, CpuMeter]:
+    meter = CpuMeter(workers.pids())
+    meter.start()
+    started = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - started
+    meter.stop()
+    return elapsed, meter
+
+
+def projection_apply(
+    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+) -> tuple[float, CpuMeter]:
+    """The live pipeline: from the first produced event to the last committed row."""
+    with Workers(settings, log_path, memory_workers) as workers:
+        workers.warm_up(messages)
+
+        def produce_and_apply() -> None:
+            produce(settings, messages[1:])
+            workers.wait("pipeline")
+
+        return timed(workers, produce_and_apply)
+
+
+def stages_alone(
+    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+) -> tuple[tuple[float, CpuMeter], tuple[float, CpuMeter]]:
+    """Each stage of the live pipeline on its own: the sealer from the raw topic while the
+    memory workers are paused (SIGSTOP), then the memory workers from the sealed log the
+    sealer wrote. The memory projection's own rate, from its input topic to committed rows."""
+    with Workers(settings, log_path, memory_workers) as workers:
+        workers.warm_up(messages)
+        workers.signal_memory_workers(signal.SIGSTOP)
+        produce(settings, messages[1:])
+        sealer = timed(workers, lambda: workers.wait("sealer"))
+        workers.signal_memory_workers(signal.SIGCONT)
+        memory = timed(workers, lambda: workers.wait("memory"))
+        return sealer, memory
