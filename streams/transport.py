@@ -56,13 +56,9 @@ def start_inline(coroutine: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         finished: asyncio.Future[T] = loop.create_future()
         finished.set_result(stop.value)
         return finished
-    rest = loop.create_task(_resume(coroutine, awaited), context=context)
+    rest = loop.create_task(_steps(coroutine, awaited), context=context)
     rest.add_done_callback(functools.partial(_unwind_if_never_resumed, coroutine, awaited))
     return rest
-
-
-async def _resume(coroutine: Coroutine[Any, Any, T], awaited: Any) -> T:
-    return await _steps(coroutine, awaited)
 
 
 @types.coroutine

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
 
 from streams.kafka import producer_config
-from streams.progress import wait_caught_up
+from streams.progress import wait_caught_up, wait_pipeline
 from streams.settings import Settings
 from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
 
@@ -94,15 +94,15 @@ class Workers:
         sealed = settings.topics.name(MEMORY_SEALED)
 
         async def caught_up() -> None:
+            bootstrap = settings.kafka_bootstrap
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-                if stage in ("sealer", "pipeline"):
-                    await wait_caught_up(
-                        conn, settings.kafka_bootstrap, "sealer", raw, 900, interval=0.05
+                if stage == "pipeline":
+                    await wait_pipeline(
+                        conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
                     )
-                if stage in ("memory", "pipeline"):
-                    await wait_caught_up(
-                        conn, settings.kafka_bootstrap, "memory", sealed, 900, interval=0.05
-                    )
+                else:
+                    topic = raw if stage == "sealer" else sealed
+                    await wait_caught_up(conn, bootstrap, stage, topic, 900, interval=0.05)
 
         async def unless_a_worker_exits() -> None:
             waiting = asyncio.ensure_future(caught_up())
