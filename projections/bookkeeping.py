@@ -100,15 +100,31 @@ async def save_offsets(conn: Conn, projection: str, next_offsets: Mapping[Positi
     )
 
 
+def keyset(*columns: str) -> str:
+    """A relation ``k`` of text keys with these columns, to join ``USING`` them; bind
+    ``keyset_param(keys)`` to its one ``%s``.
+
+    One JSON parameter rather than an array per column: psycopg dumps list parameters at
+    about 0.5 us an element, orjson at 0.01, and the server reads both as fast. Batches look
+    up one or more keys per event, so this is per-event cost.
+    """
+    fields = ", ".join(f"r->>{index} AS {name}" for index, name in enumerate(columns))
+    return f"(SELECT {fields} FROM jsonb_array_elements(%s::jsonb) AS r) AS k"
+
+
+def keyset_param(keys: Iterable[Sequence[str]]) -> str:
+    return orjson.dumps(list(keys)).decode()
+
+
 async def load_seen(conn: Conn, projection: str, keys: Iterable[EventKey]) -> dict[EventKey, bytes]:
-    tenants, event_ids = _columns(keys)
-    if not tenants:
+    wanted = set(keys)
+    if not wanted:
         return {}
     cursor = await conn.execute(
         "SELECT p.tenant_id, p.event_id, p.body_hash FROM processed_events p"
-        " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, event_id)"
+        f" JOIN {keyset('tenant_id', 'event_id')}"
         " USING (tenant_id, event_id) WHERE p.projection = %s",
-        (tenants, event_ids, projection),
+        (keyset_param(wanted), projection),
     )
     return {(row[0], row[1]): bytes(row[2]) for row in await cursor.fetchall()}
 
@@ -250,12 +266,3 @@ def _headers_json(headers: Headers) -> str | None:
 
 def _bytes(value: object) -> bytes | None:
     return None if value is None else bytes(value)  # type: ignore[call-overload]
-
-
-def _columns(keys: Iterable[EventKey]) -> tuple[list[str], list[str]]:
-    tenants: list[str] = []
-    ids: list[str] = []
-    for tenant_id, entity_id in keys:
-        tenants.append(tenant_id)
-        ids.append(entity_id)
-    return tenants, ids

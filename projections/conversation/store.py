@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn, copy_rows, staging_table
+from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
 from projections.conversation.context import ContextSettings, build_context
 from projections.conversation.reducer import (
     BatchResult,
@@ -48,27 +48,21 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _keys(pairs: Iterable[tuple[str, ...]]) -> list[list[str]]:
-    columns: list[list[str]] = []
-    for pair in sorted(set(pairs)):
-        for index, part in enumerate(pair):
-            if len(columns) <= index:
-                columns.append([])
-            columns[index].append(part)
-    return columns
+def _keys(keys: Iterable[tuple[str, ...]]) -> str:
+    return keyset_param(sorted(set(keys)))
 
 
 async def load_state(conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
     keys = {(e.tenant_id, e.conversation_id) for e in events}
     records: dict[ConversationKey, ConversationRecord] = {}
     if keys:
-        columns = _keys(keys)
+        keys_param = _keys(keys)
         async with conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(
                 f"SELECT {', '.join(CONVERSATION_FIELDS)} FROM conversations"
-                " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, conversation_id)"
+                f" JOIN {keyset('tenant_id', 'conversation_id')}"
                 " USING (tenant_id, conversation_id)",
-                columns,
+                (keys_param,),
             )
             for row in await cursor.fetchall():
                 records[(row["tenant_id"], row["conversation_id"])] = ConversationRecord(**row)
@@ -85,9 +79,9 @@ async def load_state(conn: Conn, events: Sequence[ConversationEvent]) -> Convers
     if wanted:
         found = await conn.execute(
             "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-            " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(tenant_id, conversation_id,"
-            " message_id) USING (tenant_id, conversation_id, message_id)",
-            _keys(wanted),
+            f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
+            " USING (tenant_id, conversation_id, message_id)",
+            (_keys(wanted),),
         )
         known = {(row[0], row[1], row[2]) for row in await found.fetchall()}
     return ConversationState(records, frozenset(known))
@@ -142,10 +136,10 @@ async def rebuild_context(
     """Recompute the context view of ``keys`` from their stored messages and latest summary."""
     if not keys:
         return
-    columns = _keys(keys)
-    messages = await _messages(conn, columns)
-    summaries = await _latest_summaries(conn, columns)
-    owners = await _owners(conn, columns)
+    keys_param = _keys(keys)
+    messages = await _messages(conn, keys_param)
+    summaries = await _latest_summaries(conn, keys_param)
+    owners = await _owners(conn, keys_param)
     rows = []
     for key in sorted(set(keys)):
         if key not in owners:
@@ -176,16 +170,14 @@ async def rebuild_context(
     )
 
 
-async def _messages(
-    conn: Conn, columns: list[list[str]]
-) -> dict[ConversationKey, list[MessageRecord]]:
+async def _messages(conn: Conn, keys_param: str) -> dict[ConversationKey, list[MessageRecord]]:
     found: dict[ConversationKey, list[MessageRecord]] = {}
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, conversation_id)"
-            " USING (tenant_id, conversation_id) ORDER BY tenant_id, conversation_id, seq",
-            columns,
+            f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)"
+            " ORDER BY tenant_id, conversation_id, seq",
+            (keys_param,),
         )
         for row in await cursor.fetchall():
             message = _message_from_row(row)
@@ -201,17 +193,14 @@ def _summary_from_row(row: dict[str, Any]) -> SummaryRecord:
     return SummaryRecord(**{**row, "source_message_ids": tuple(row["source_message_ids"])})
 
 
-async def _latest_summaries(
-    conn: Conn, columns: list[list[str]]
-) -> dict[ConversationKey, SummaryRecord]:
+async def _latest_summaries(conn: Conn, keys_param: str) -> dict[ConversationKey, SummaryRecord]:
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT DISTINCT ON (tenant_id, conversation_id) {', '.join(SUMMARY_FIELDS)}"
             " FROM conversation_summaries"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, conversation_id)"
-            " USING (tenant_id, conversation_id)"
+            f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)"
             " ORDER BY tenant_id, conversation_id, summary_version DESC",
-            columns,
+            (keys_param,),
         )
         return {
             (row["tenant_id"], row["conversation_id"]): _summary_from_row(row)
@@ -219,12 +208,11 @@ async def _latest_summaries(
         }
 
 
-async def _owners(conn: Conn, columns: list[list[str]]) -> dict[ConversationKey, tuple[Any, ...]]:
+async def _owners(conn: Conn, keys_param: str) -> dict[ConversationKey, tuple[Any, ...]]:
     cursor = await conn.execute(
         "SELECT tenant_id, conversation_id, owner_type, owner_id, updated_at FROM conversations"
-        " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, conversation_id)"
-        " USING (tenant_id, conversation_id)",
-        columns,
+        f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)",
+        (keys_param,),
     )
     return {(row[0], row[1]): (row[2], row[3], row[4]) for row in await cursor.fetchall()}
 
@@ -257,7 +245,7 @@ class ConversationDetail:
 async def load_conversation(
     conn: Conn, tenant_id: str, conversation_id: str
 ) -> ConversationDetail | None:
-    columns = [[tenant_id], [conversation_id]]
+    keys_param = _keys([(tenant_id, conversation_id)])
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {', '.join(CONVERSATION_FIELDS)} FROM conversations"
@@ -273,7 +261,7 @@ async def load_conversation(
             (tenant_id, conversation_id),
         )
         summaries = [_summary_from_row(r) for r in await cursor.fetchall()]
-    messages = (await _messages(conn, columns)).get((tenant_id, conversation_id), [])
+    messages = (await _messages(conn, keys_param)).get((tenant_id, conversation_id), [])
     return ConversationDetail(ConversationRecord(**row), messages, summaries)
 
 

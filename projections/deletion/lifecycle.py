@@ -10,7 +10,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, keyset, keyset_param
 from projections.deletion.ledger import RequestKey, RequestState
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
@@ -19,21 +19,19 @@ async def load_states(conn: Conn, keys: Iterable[RequestKey]) -> dict[RequestKey
     wanted = sorted(set(keys))
     if not wanted:
         return {}
-    columns = [list(column) for column in zip(*wanted, strict=True)]
+    keys_param = keyset_param(wanted)
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id,"
             " r.subject_type, r.cut_off, r.completed_at FROM deletion_requests r"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
-            " USING (tenant_id, deletion_id)",
-            columns,
+            f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)",
+            (keys_param,),
         )
         requests = await cursor.fetchall()
         await cursor.execute(
             "SELECT a.* FROM deletion_store_acks a"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, deletion_id)"
-            " USING (tenant_id, deletion_id)",
-            columns,
+            f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)",
+            (keys_param,),
         )
         acks = await cursor.fetchall()
     stores: dict[RequestKey, dict[str, StoreState]] = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from projections.bookkeeping import Conn, copy_new_rows, copy_rows
+from projections.bookkeeping import Conn, copy_new_rows, copy_rows, keyset, keyset_param
 from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
 from projections.deletion.ledger import (
     LedgerEntry,
@@ -61,10 +61,10 @@ async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
         return ErasureIndex()
     cursor = await conn.execute(
         "SELECT e.tenant_id, e.entity_type, e.subject_type, e.entity_id, e.deletion_id, e.cut_off"
-        " FROM erased_entities e JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
-        " AS k(tenant_id, entity_type, subject_type, entity_id)"
+        " FROM erased_entities e"
+        f" JOIN {keyset('tenant_id', 'entity_type', 'subject_type', 'entity_id')}"
         " USING (tenant_id, entity_type, subject_type, entity_id)",
-        [list(column) for column in zip(*wanted, strict=True)],
+        (keyset_param(wanted),),
     )
     entries: dict[EntityKey, Erasure] = {}
     for (

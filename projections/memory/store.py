@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn, copy_rows, staging_table
+from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
 from projections.memory.reducer import BatchResult, MemoryKey, MemoryVersion
 from topics.outputs import MemoryRecord, MemoryStatus
 
@@ -45,18 +45,14 @@ def record_from_row(row: dict[str, Any]) -> MemoryRecord:
 
 
 async def load_records(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey, MemoryRecord]:
-    tenants, memory_ids = [], []
-    for tenant_id, memory_id in set(keys):
-        tenants.append(tenant_id)
-        memory_ids.append(memory_id)
-    if not tenants:
+    wanted = set(keys)
+    if not wanted:
         return {}
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {RECORD_COLUMNS} FROM memories"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, memory_id)"
-            " USING (tenant_id, memory_id)",
-            (tenants, memory_ids),
+            f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
+            (keyset_param(wanted),),
         )
         rows = await cursor.fetchall()
     return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}

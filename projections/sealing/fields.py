@@ -46,6 +46,12 @@ def entity_of(event: dict[str, Any]) -> EntityRef | None:
     return (event["tenant_id"], entity_type, str(event["payload"][ENTITY_FIELD[entity_type]]))
 
 
+def entity_of_event(event_type: str, tenant_id: str, entity_id: str) -> EntityRef | None:
+    """``entity_of`` for a validated event, from its identity: no serialising needed."""
+    spec = PERSONAL_FIELDS.get(event_type)
+    return None if spec is None else (tenant_id, spec[0], entity_id)
+
+
 def entity_name(ref: EntityRef) -> str:
     return f"{ref[0]}:{ref[1]}:{ref[2]}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, keyset, keyset_param
 from projections.sealing.crypto import new_data_key, unwrap_key, wrap_key
 from projections.sealing.fields import EntityRef, entity_name
 
@@ -21,22 +21,23 @@ class KeyStore:
         wanted = sorted(set(refs))
         if not wanted:
             return {}
-        columns = [list(column) for column in zip(*wanted, strict=True)]
         if create:
+            new_keys = [
+                (*ref, wrap_key(self._master, new_data_key(), entity_name(ref)).hex())
+                for ref in wanted
+            ]
             await conn.execute(
                 "INSERT INTO entity_keys (tenant_id, entity_type, entity_id, wrapped_key)"
-                " SELECT t, k, i, w FROM unnest(%s::text[], %s::text[], %s::text[], %s::bytea[])"
-                " AS x(t, k, i, w) ON CONFLICT DO NOTHING",
-                [
-                    *columns,
-                    [wrap_key(self._master, new_data_key(), entity_name(r)) for r in wanted],
-                ],
+                " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex')"
+                f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
+                " ON CONFLICT DO NOTHING",
+                (keyset_param(new_keys),),
             )
         cursor = await conn.execute(
             "SELECT tenant_id, entity_type, entity_id, wrapped_key FROM entity_keys"
-            " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS x(tenant_id, entity_type,"
-            " entity_id) USING (tenant_id, entity_type, entity_id)",
-            columns,
+            f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
+            " USING (tenant_id, entity_type, entity_id)",
+            (keyset_param(wanted),),
         )
         found = {}
         for tenant, entity_type, entity_id, wrapped in await cursor.fetchall():
@@ -62,16 +63,17 @@ async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
     wanted = sorted(set(refs))
     if not wanted:
         return 0
-    columns = [list(column) for column in zip(*wanted, strict=True)]
+    refs_relation = keyset("tenant_id", "entity_type", "entity_id")
+    keys_param = keyset_param(wanted)
     cursor = await conn.execute(
-        "DELETE FROM entity_keys USING unnest(%s::text[], %s::text[], %s::text[])"
-        " AS x(t, k, i) WHERE tenant_id = x.t AND entity_type = x.k AND entity_id = x.i",
-        columns,
+        f"DELETE FROM entity_keys e USING {refs_relation} WHERE e.tenant_id = k.tenant_id"
+        " AND e.entity_type = k.entity_type AND e.entity_id = k.entity_id",
+        (keys_param,),
     )
     await conn.execute(
         "INSERT INTO shredded_keys (tenant_id, entity_type, entity_id, deletion_id)"
-        " SELECT t, k, i, %s FROM unnest(%s::text[], %s::text[], %s::text[]) AS x(t, k, i)"
+        f" SELECT tenant_id, entity_type, entity_id, %s FROM {refs_relation}"
         " ON CONFLICT DO NOTHING",
-        [deletion_id, *columns],
+        (deletion_id, keys_param),
     )
     return cursor.rowcount

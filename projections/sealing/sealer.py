@@ -18,7 +18,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
 from projections.idempotency import EventKey, ProcessedEvent
-from projections.sealing.fields import EntityRef, entity_of, seal, seal_erased
+from projections.sealing.fields import EntityRef, entity_of_event, seal, seal_erased
 from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec
 from topics.envelope import Envelope
@@ -80,14 +80,13 @@ class Sealer:
 
     async def load(self, conn: Conn, events: Sequence[Envelope]) -> SealingState:
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        refs = {e.event_id: ref for e in events if (ref := entity_of(_raw(e))) is not None}
-        erasures = await deletion_store.load_erasures(conn, map(_erasure_key, refs.values()))
+        refs = [(event, ref) for event in events if (ref := _entity(event)) is not None]
+        erasures = await deletion_store.load_erasures(conn, (_erasure_key(r) for _, r in refs))
         # Keys only for what is not erased: an erased event's fields are never written at all.
         wanted = [
             ref
-            for event in events
-            if (ref := refs.get(event.event_id)) is not None
-            and erasures.covering([_erasure_key(ref)], event.occurred_at) is None
+            for event, ref in refs
+            if erasures.covering([_erasure_key(ref)], event.occurred_at) is None
         ]
         return SealingState(await self._keys.keys(conn, wanted, create=True), erasures)
 
@@ -96,8 +95,8 @@ class Sealer:
     ) -> Sealed:
         sealed = Sealed()
         for event in events:
-            raw = _raw(event)
-            ref = entity_of(raw)
+            raw = event.model_dump(mode="json")
+            ref = _entity(event)
             if ref is not None:
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
                     sealed.erased += 1
@@ -119,8 +118,8 @@ class Sealer:
         """Nothing sealer-specific to report."""
 
 
-def _raw(event: Envelope) -> dict[str, object]:
-    return event.model_dump(mode="json")
+def _entity(event: Envelope) -> EntityRef | None:
+    return entity_of_event(event.event_type, event.tenant_id, event.entity_id)
 
 
 def _raw_topic(event: Envelope) -> str:

@@ -21,7 +21,7 @@ import orjson
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
 from projections.deletion import store as deletion_store
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
@@ -147,19 +147,17 @@ class EmbeddingsIndexer:
         if memories:
             cursor = await conn.execute(
                 "SELECT tenant_id, memory_id, version, status FROM memories"
-                " JOIN unnest(%s::text[], %s::text[]) AS k(tenant_id, memory_id)"
-                " USING (tenant_id, memory_id)",
-                [list(column) for column in zip(*memories, strict=True)],
+                f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
+                (keyset_param(memories),),
             )
             held_memories = {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
         held_messages: set[tuple[str, str, str]] = set()
         if messages:
             cursor = await conn.execute(
                 "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-                " JOIN unnest(%s::text[], %s::text[], %s::text[])"
-                " AS k(tenant_id, conversation_id, message_id)"
+                f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
                 " USING (tenant_id, conversation_id, message_id)",
-                [list(column) for column in zip(*messages, strict=True)],
+                (keyset_param(messages),),
             )
             held_messages = {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
         erasures = await deletion_store.load_erasures(

@@ -19,7 +19,14 @@ from projections.sealing.crypto import (
     unwrap_key,
     wrap_key,
 )
-from projections.sealing.fields import Shredded, entity_of, seal, seal_erased, unseal
+from projections.sealing.fields import (
+    Shredded,
+    entity_of,
+    entity_of_event,
+    seal,
+    seal_erased,
+    unseal,
+)
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
@@ -71,6 +78,23 @@ def test_personal_fields_per_event_type() -> None:
             unseal(erased, lambda ref: key)
     verified = f.verified("t1", "m1", 1)
     assert entity_of(verified) is None and seal(verified, key) == verified
+
+
+def test_an_events_entity_is_the_same_from_its_identity_as_from_its_body() -> None:
+    schemas = default_schemas()
+    codec = EventCodec(schemas, schemas.event_types())
+    f = EventFactory()
+    for raw in (
+        f.proposed("t1", "m1"),
+        f.corrected("t1", "m1", 1, {"text": "x"}),
+        f.verified("t1", "m1", 1),
+        f.revoked("t1", "m1", expected_version=2),
+        f.message("t1", "c1", "x", "user", "hello"),
+        f.summary("t1", "c1", 1, "text", ["x"]),
+    ):
+        event = codec.decode(*to_message(raw))
+        by_identity = entity_of_event(event.event_type, event.tenant_id, event.entity_id)
+        assert by_identity == entity_of(event.model_dump(mode="json")) == entity_of(raw)
 
 
 def test_the_sealer_writes_nothing_readable_of_an_erased_entity() -> None:
