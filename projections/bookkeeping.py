@@ -8,13 +8,16 @@ into append-only tables, or into a per-transaction staging table when rows must 
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, postgres
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from projections.idempotency import EventKey, ProcessedEvent
 from topics.outputs import Rejection
@@ -132,11 +135,81 @@ async def load_seen(conn: Conn, projection: str, keys: Iterable[EventKey]) -> di
 async def copy_rows(
     conn: Conn, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
 ) -> None:
+    """COPY ``rows`` into ``table`` in PostgreSQL's binary format.
+
+    Binary, with the column types read from the catalog: psycopg then dumps each value by its
+    column's type, where the text format spent about 0.8 us on every timestamp and 2 us on
+    every array (a memory version row: 5.4 us in text, 0.6 in binary). JSON columns take the
+    JSON text the caller serialised.
+    """
+    types = await _column_types(conn, table, columns)
     async with conn.cursor() as cursor:
-        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        cursor.adapters.register_dumper(None, _JsonbTextDumper)
+        cursor.adapters.register_dumper(None, _TextArrayDumper)
+        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
         async with cursor.copy(statement.encode()) as copy:
+            copy.set_types(types)
             for row in rows:
                 await copy.write_row(row)
+
+
+# (table, columns) -> their type oids. Tables are the migrations' own, so the types of a name
+# are the same in every schema and connection (a staging table is LIKE its table).
+_COLUMN_TYPES: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+
+
+async def _column_types(conn: Conn, table: str, columns: Sequence[str]) -> list[int]:
+    key = (table, tuple(columns))
+    types = _COLUMN_TYPES.get(key)
+    if types is None:
+        cursor = await conn.execute(
+            "SELECT attname, atttypid FROM pg_attribute"
+            " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            (table,),
+        )
+        by_name = {str(name): int(oid) for name, oid in await cursor.fetchall()}
+        types = _COLUMN_TYPES[key] = [by_name[column.strip('"')] for column in columns]
+    return types
+
+
+class _JsonbTextDumper(Dumper):
+    """jsonb from JSON text already serialised (by orjson) rather than from an object."""
+
+    format = Format.BINARY
+    oid = postgres.types["jsonb"].oid
+
+    def dump(self, obj: str | bytes) -> bytes:
+        return b"\x01" + (obj.encode() if isinstance(obj, str) else obj)
+
+
+class _TextArrayDumper(Dumper):
+    """text[] from a sequence of str, in the array's binary layout: psycopg's own list dumper
+    is Python code that costs about 1.3 us for a three-item list, this 0.3."""
+
+    format = Format.BINARY
+    oid = postgres.types["text"].array_oid
+    _element_oid = postgres.types["text"].oid
+
+    def dump(self, obj: Sequence[str | None]) -> bytes:
+        if not obj:
+            return _ARRAY_HEADER.pack(0, 0, self._element_oid)
+        parts = [
+            _ARRAY_HEADER.pack(1, None in obj, self._element_oid),
+            _ARRAY_DIMENSION.pack(len(obj), 1),
+        ]
+        for item in obj:
+            if item is None:
+                parts.append(_LENGTH.pack(-1))
+            else:
+                data = item.encode()
+                parts.append(_LENGTH.pack(len(data)))
+                parts.append(data)
+        return b"".join(parts)
+
+
+_ARRAY_HEADER = struct.Struct("!iiI")  # dimensions, has nulls, element type
+_ARRAY_DIMENSION = struct.Struct("!ii")  # size, lower bound
+_LENGTH = struct.Struct("!i")
 
 
 async def staging_table(conn: Conn, like: str) -> str:
