@@ -28,17 +28,22 @@ class SealedCodec:
         self._inner = inner
         self._keystore = keys
         self._keys: dict[EntityRef, bytes] = {}
+        # The batch's values as parsed to find their keys, so that decoding parses none again.
+        self._parsed: dict[bytes, Any] = {}
 
     async def load_keys(self, conn: Conn, values: Iterable[bytes | None]) -> None:
         """The data keys of a batch, read in the batch's transaction: a key destroyed by a
         deletion that committed before is gone for this batch too."""
         refs = []
+        self._parsed = {}
         for value in values:
-            try:
-                raw = orjson.loads(value) if value else None
-            except orjson.JSONDecodeError:
+            if not value:
                 continue
-            ref = entity_of(raw) if isinstance(raw, dict) and "payload" in raw else None
+            try:
+                raw = self._parsed[value] = orjson.loads(value)
+                ref = entity_of(raw) if isinstance(raw, dict) and "payload" in raw else None
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # decoding says what is wrong with it, as a dead letter
             if ref is not None:
                 refs.append(ref)
         self._keys = await self._keystore.keys(conn, refs)
@@ -46,10 +51,12 @@ class SealedCodec:
     def decode(self, key: bytes | None, value: bytes | None) -> Envelope:
         if value is None:
             return self._inner.decode(key, value)
-        try:
-            raw: Any = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return self._inner.decode(key, value)  # says why, as a dead letter
+        raw: Any = self._parsed.get(value)
+        if raw is None:
+            try:
+                raw = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return self._inner.decode(key, value)  # says why, as a dead letter
         if not (isinstance(raw, dict) and isinstance(raw.get("payload"), dict)):
             return self._inner.decode(key, value)
         try:

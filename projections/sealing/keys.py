@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from projections.bookkeeping import Conn, keyset, keyset_param
 from projections.sealing.crypto import new_data_key, unwrap_key, wrap_key
@@ -19,25 +19,37 @@ class KeyStore:
         """The data keys of ``refs``; with ``create``, a new key for each that has none (a
         shredded entity gets a new key only for data that is new after its deletion)."""
         wanted = sorted(set(refs))
-        if not wanted:
-            return {}
-        if create:
-            new_keys = [
-                (*ref, wrap_key(self._master, new_data_key(), entity_name(ref)).hex())
-                for ref in wanted
-            ]
-            await conn.execute(
+        found = await self._stored(conn, wanted)
+        missing = [ref for ref in wanted if ref not in found]
+        if create and missing:
+            fresh = {ref: new_data_key() for ref in missing}
+            cursor = await conn.execute(
                 "INSERT INTO entity_keys (tenant_id, entity_type, entity_id, wrapped_key)"
                 " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex')"
                 f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
-                " ON CONFLICT DO NOTHING",
-                (keyset_param(new_keys),),
+                " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
+                (
+                    keyset_param(
+                        (*ref, wrap_key(self._master, key, entity_name(ref)).hex())
+                        for ref, key in fresh.items()
+                    ),
+                ),
             )
+            for tenant, entity_type, entity_id in await cursor.fetchall():
+                ref = (tenant, entity_type, entity_id)
+                found[ref] = fresh[ref]
+            # Another worker created the rest between the read and the insert.
+            found.update(await self._stored(conn, [ref for ref in missing if ref not in found]))
+        return found
+
+    async def _stored(self, conn: Conn, refs: Sequence[EntityRef]) -> dict[EntityRef, bytes]:
+        if not refs:
+            return {}
         cursor = await conn.execute(
             "SELECT tenant_id, entity_type, entity_id, wrapped_key FROM entity_keys"
             f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
             " USING (tenant_id, entity_type, entity_id)",
-            (keyset_param(wanted),),
+            (keyset_param(refs),),
         )
         found = {}
         for tenant, entity_type, entity_id, wrapped in await cursor.fetchall():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -20,6 +21,7 @@ from projections.sealing.crypto import (
     wrap_key,
 )
 from projections.sealing.fields import (
+    EntityRef,
     Shredded,
     entity_of,
     entity_of_event,
@@ -29,7 +31,7 @@ from projections.sealing.fields import (
 )
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
-from topics.codec import EventCodec
+from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MemoryProposed
 from topics.registry import TopicNames
 from topics.schemas import default_schemas
@@ -144,3 +146,34 @@ def test_an_event_whose_key_was_shredded_keeps_its_identity_and_is_never_applied
     assert readable.readable and event.body_hash() == readable.body_hash()
     result = reduce_batch([event], {}, {})
     assert result.shredded == 1 and not result.records and not result.rejections
+
+
+def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch() -> None:
+    class Keys:
+        async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
+            return {ref: data_key for ref in refs}
+
+    schemas = default_schemas()
+    inner = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
+    codec = SealedCodec(inner, Keys())  # type: ignore[arg-type]  # only keys() is used
+    data_key = new_data_key()
+    f = EventFactory()
+    proposed, verified = f.proposed("t1", "m1", value={"text": "secret"}), f.verified("t1", "m1", 1)
+    good = [(to_message(raw)[0], orjson.dumps(seal(raw, data_key))) for raw in (proposed, verified)]
+    bad = [
+        orjson.dumps({**proposed, "payload": []}),
+        orjson.dumps({**proposed, "payload": {"sealed": {}}}),
+        b"{not json",
+        None,
+    ]
+
+    asyncio.run(codec.load_keys(None, [value for _, value in good] + bad))  # type: ignore[arg-type]
+
+    assert [codec.decode(key, value).event_id for key, value in good] == [
+        proposed["event_id"],
+        verified["event_id"],
+    ]
+    assert codec.decode(good[0][0], good[0][1]).payload.value == {"text": "secret"}
+    for value in bad:
+        with pytest.raises(InvalidMessage):
+            codec.decode(good[0][0], value)
