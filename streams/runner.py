@@ -100,6 +100,11 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
     @property
     def codec(self) -> Codec: ...
 
+    @property
+    def tracks_event_ids(self) -> bool:
+        """Whether the reducer decides each event once (and so needs the ids already seen)."""
+        ...
+
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Read what decoding the batch needs (the sealed log's data keys), in its
         transaction."""
@@ -211,8 +216,12 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
             await projection.prepare_decode(conn, fresh)
             events, positions, dead = self._decode(fresh)
-            seen = await bookkeeping.load_seen(
-                conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
+            seen = (
+                await bookkeeping.load_seen(
+                    conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
+                )
+                if projection.tracks_event_ids
+                else {}
             )
             state = await projection.load(conn, events)
             outcome = projection.reduce(events, state, seen)

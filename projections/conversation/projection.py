@@ -43,6 +43,7 @@ class ConversationProjection:
     name = "conversation"
     input_specs: tuple[TopicSpec, ...] = (CONVERSATION_SEALED,)
     rejections_spec = CONVERSATION_REJECTIONS
+    tracks_event_ids = True
 
     def __init__(
         self,

@@ -78,6 +78,7 @@ class LedgerProjection:
     name = "deletion"
     input_specs = (DELETION_REQUESTS, DELETION_ACKS)
     rejections_spec = DELETION_REJECTIONS
+    tracks_event_ids = True
 
     def __init__(
         self,

@@ -41,6 +41,7 @@ class MemoryProjection:
     name = "memory"
     input_specs: tuple[TopicSpec, ...] = (MEMORY_SEALED,)
     rejections_spec = MEMORY_REJECTIONS
+    tracks_event_ids = True
 
     def __init__(
         self,

@@ -65,6 +65,7 @@ class Sealer:
     name = "sealer"
     input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS)
     rejections_spec = MEMORY_REJECTIONS
+    tracks_event_ids = False
 
     def __init__(self, schemas: SchemaRegistry, topics: TopicNames, keys: KeyStore,
                  max_value_bytes: int) -> None:  # fmt: skip
