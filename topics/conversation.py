@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from topics.envelope import Envelope, Identifier, Subject, Wire
+from topics.envelope import Envelope, Identifier, StoredInt, Subject, Wire
 
 Role = Literal["user", "assistant"]
 
@@ -57,7 +57,7 @@ class MessageAddedPayload(Wire):
 
 class SummaryUpdatedPayload(Wire):
     conversation_id: Identifier
-    summary_version: int = Field(ge=1)
+    summary_version: StoredInt = Field(ge=1)
     text: Annotated[str, Field(min_length=1)]
     source_message_ids: tuple[Identifier, ...] = Field(min_length=1)
 

@@ -10,7 +10,16 @@ from typing import ClassVar, Literal
 import pydantic_core
 from pydantic import Field, model_validator
 
-from topics.envelope import Envelope, Frozen, Identifier, Subject, Text, Timestamp, Wire
+from topics.envelope import (
+    Envelope,
+    Frozen,
+    Identifier,
+    StoredInt,
+    Subject,
+    Text,
+    Timestamp,
+    Wire,
+)
 
 TargetType = Literal["subject", "conversation", "memory"]
 StoreName = Literal["embeddings", "summaries", "cache", "context"]
@@ -113,7 +122,7 @@ class Acknowledgement(Frozen):
     tenant_id: str
     store: StoreName
     status: AckStatus
-    removed_count: int = Field(ge=0)
+    removed_count: StoredInt = Field(ge=0)
     acked_at: datetime
     error: str | None = None
     attempt: int = 1

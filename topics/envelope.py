@@ -15,6 +15,9 @@ Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Reference = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 Timestamp = AwareDatetime
+# Counts and versions are stored in PostgreSQL ``integer`` columns: a larger one is an invalid
+# event, refused at decoding (binary COPY would otherwise wrap it silently).
+StoredInt = Annotated[int, Field(le=2**31 - 1)]
 ActorType = Literal["user", "agent", "service", "operator"]
 
 

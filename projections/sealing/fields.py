@@ -90,6 +90,8 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     ref = entity_of(event)
     if ref is None:
         return event
+    if not isinstance(payload["sealed"], dict):
+        raise Unreadable("the sealed fields are not an object")
     if payload["sealed"].get("erased"):
         raise Shredded(f"{entity_name(ref)} was erased before this event was sealed")
     data_key = key_of(ref)

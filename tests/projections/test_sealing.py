@@ -163,6 +163,7 @@ def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch()
     bad = [
         orjson.dumps({**proposed, "payload": []}),
         orjson.dumps({**proposed, "payload": {"sealed": {}}}),
+        orjson.dumps({**proposed, "payload": {**proposed["payload"], "sealed": "x"}}),
         b"{not json",
         None,
     ]

@@ -75,6 +75,16 @@ def test_invalid_events_are_refused_with_a_reason(codec, mutate, expected) -> No
     assert refused(codec, key, orjson.dumps(raw)) is expected
 
 
+def test_counts_beyond_a_postgresql_integer_are_invalid() -> None:
+    schemas = default_schemas()
+    codec = EventCodec(schemas, frozenset({"conversation.summary_updated"}))
+    summary = EventFactory().summary("t1", "c1", 1, "text", ["x"])
+    largest = {**summary, "payload": {**summary["payload"], "summary_version": 2**31 - 1}}
+    too_large = {**summary, "payload": {**summary["payload"], "summary_version": 2**31}}
+    assert codec.decode(*to_message(largest)).payload.summary_version == 2**31 - 1
+    assert refused(codec, *to_message(too_large)) is DeadLetterReason.INVALID_EVENT
+
+
 def test_key_must_match_the_body(codec: EventCodec) -> None:
     _, value = to_message(EventFactory().proposed("t1", "m1"))
     assert refused(codec, b"t1:m2", value) is DeadLetterReason.KEY_MISMATCH
