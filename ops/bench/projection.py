@@ -1,6 +1,6 @@
 """Memory projection apply rate, beside its baselines, measured in one run.
 
-    .venv/bin/python ops/bench/projection.py [--memories 40000] [--repeat 1]
+    .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
@@ -8,7 +8,8 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
 - bare upsert: the projection's resulting rows (current record upsert + history insert)
   written with psycopg ``executemany`` in pipeline mode, 1000 rows per transaction, rows built
   before the clock starts: PostgreSQL's ceiling for this work, with no Kafka, faust, decoding
-  or reducing;
+  or reducing. It runs first and again last, each time into an empty schema, and the ratios
+  use the mean of the two: on a shared machine the load drifts over a run;
 - faust no-op agent: the same faust app and ``noack_take`` loop, acknowledging only: the
   ceiling faust's own per-event machinery puts on any agent;
 - rebuild from earliest: ``memproj replay memory`` of the same sealed log into a shadow schema
@@ -211,18 +212,23 @@ def main() -> None:
     stages_settings, stages_schema = isolated(base, name + "_stages")
     # The memory workers stay paused while the sealer runs alone: no eviction from the group.
     stages_settings = stages_settings.model_copy(update={"kafka_session_timeout_seconds": 60.0})
-    baseline_settings, baseline_schema = isolated(base, name + "_base")
+    baselines = [isolated(base, f"{name}_base{n}") for n in (1, 2)]
     environments = (settings, stages_settings)
     for environment in environments:
         create_topics(environment.kafka_bootstrap, environment.topics, ALL_TOPICS)
     prepare_schema(base, settings, schema)
     prepare_schema(base, stages_settings, stages_schema)
-    prepare_schema(base, baseline_settings, baseline_schema)
+    for baseline_settings, baseline_schema in baselines:
+        prepare_schema(base, baseline_settings, baseline_schema)
     messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
     count = len(messages)
+    rows = baseline_rows(messages)
+    upsert_cpu = (CpuMeter(), CpuMeter())
+    upsert_seconds: list[float] = []
     RESULTS.mkdir(parents=True, exist_ok=True)
     rebuild = None
     try:
+        upsert_seconds.append(bare_upsert(baselines[0][0].postgres_dsn, rows, upsert_cpu[0]))
         apply_seconds, apply_cpu = projection_apply(
             settings, messages, RESULTS / f"worker-{name}.log", args.workers
         )
@@ -235,12 +241,10 @@ def main() -> None:
         )
         consume_seconds = raw_consume(settings, count)
         noop_rate, noop_cpu = faust_noop(settings, count)
-        rows = baseline_rows(messages)
-        upsert_cpu = CpuMeter()
-        upsert_seconds = bare_upsert(baseline_settings.postgres_dsn, rows, upsert_cpu)
+        upsert_seconds.append(bare_upsert(baselines[1][0].postgres_dsn, rows, upsert_cpu[1]))
     finally:
         with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
-            for dropped in (schema, stages_schema, baseline_schema):
+            for dropped in (schema, stages_schema, *(named for _, named in baselines)):
                 conn.execute(f"DROP SCHEMA IF EXISTS {dropped} CASCADE")
             if rebuild is not None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
@@ -254,13 +258,15 @@ def main() -> None:
     sealer_rate = applied / sealer_seconds
     memory_rate = applied / memory_seconds
     rebuild_rate = rebuild.rate
-    upsert_rate = count / upsert_seconds
+    upsert_rates = [count / seconds for seconds in upsert_seconds]
+    upsert_rate = sum(upsert_rates) / len(upsert_rates)
     consume_rate = count / consume_seconds
     result = {
         "events": count,
         "rows_written": len(rows) * 2,
         "raw_consume_events_per_s": round(consume_rate),
         "bare_upsert_events_per_s": round(upsert_rate),
+        "bare_upsert_first_and_last_events_per_s": [round(rate) for rate in upsert_rates],
         "faust_noop_agent_events_per_s": round(noop_rate),
         "projection_apply_events_per_s": round(apply_rate),
         "sealer_alone_events_per_s": round(sealer_rate),
@@ -276,7 +282,7 @@ def main() -> None:
         "apply_cpu_us_per_event": apply_cpu.per_event(applied),
         "sealer_alone_cpu_us_per_event": sealer_cpu.per_event(applied),
         "memory_projection_alone_cpu_us_per_event": memory_cpu.per_event(applied),
-        "bare_upsert_cpu_us_per_event": upsert_cpu.per_event(count),
+        "bare_upsert_cpu_us_per_event": _mean_per_event(upsert_cpu, count),
         "faust_noop_agent_cpu_us_per_event": round(noop_cpu, 1),
     }
     (RESULTS / f"projection-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
@@ -285,7 +291,11 @@ def main() -> None:
     print(f"{count} events ({len(rows)} versions) of the sample stream, one run:")
     print(f"  raw confluent-kafka consume   {consume_rate:>10,.0f} events/s")
     print(f"  faust no-op agent             {noop_rate:>10,.0f} events/s")
-    print(f"  bare pipelined upsert         {upsert_rate:>10,.0f} events/s")
+    first, last = upsert_rates
+    print(
+        f"  bare pipelined upsert         {upsert_rate:>10,.0f} events/s"
+        f" (mean of {first:,.0f} first and {last:,.0f} last)"
+    )
     print(f"  projection apply (pipeline)   {apply_rate:>10,.0f} events/s")
     print(f"    sealer alone                {sealer_rate:>10,.0f} events/s")
     print(f"    memory projection alone     {memory_rate:>10,.0f} events/s")
@@ -304,6 +314,11 @@ def main() -> None:
     ):
         parts = ", ".join(f"{who} {us:.0f}" for who, us in spent.items())
         print(f"  CPU µs per event, {label}: {parts}")
+
+
+def _mean_per_event(meters: tuple[CpuMeter, ...], events: int) -> dict[str, float]:
+    spent = [meter.per_event(events) for meter in meters]
+    return {name: round(sum(s[name] for s in spent) / len(spent), 1) for name in spent[0]}
 
 
 if __name__ == "__main__":
