@@ -42,8 +42,8 @@ def entity_of(event: dict[str, Any]) -> EntityRef | None:
     spec = PERSONAL_FIELDS.get(str(event.get("event_type")))
     if spec is None:
         return None
-    entity_type = spec[0]
-    return (event["tenant_id"], entity_type, str(event["payload"][ENTITY_FIELD[entity_type]]))
+    entity_id = str(event["payload"][ENTITY_FIELD[spec[0]]])
+    return entity_of_event(event["event_type"], event["tenant_id"], entity_id)
 
 
 def entity_of_event(event_type: str, tenant_id: str, entity_id: str) -> EntityRef | None:
