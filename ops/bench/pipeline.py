@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import ConsumerGroupState, Producer
+from confluent_kafka.admin import AdminClient
 from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
 
 from streams.kafka import producer_config
@@ -120,6 +121,30 @@ class Workers:
         """Every worker has joined its group and applied a batch before any clock starts."""
         produce(self.settings, messages[:1])
         self.wait("pipeline")
+        for kind in set(self.kinds):
+            self.wait_until_stable(kind, self.kinds.count(kind))
+
+    def wait_until_stable(self, kind: str, members: int, deadline_seconds: float = 120) -> None:
+        """Until ``kind``'s group is stable with ``members`` members, each one assigned
+        partitions. The first worker to join can apply the warm-up batch while a second is
+        still joining: a rebalance left pending would otherwise happen inside a timed stage
+        (or, for paused workers, right after they resume)."""
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        group = self.settings.group_id(kind)
+        deadline = time.monotonic() + deadline_seconds
+        while True:
+            description = admin.describe_consumer_groups([group], request_timeout=10)[
+                group
+            ].result()
+            if (
+                description.state == ConsumerGroupState.STABLE
+                and len(description.members) == members
+                and all(m.assignment.topic_partitions for m in description.members)
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"group {group} did not settle with {members} members")
+            time.sleep(0.1)
 
 
 def timed(workers: Workers, run: Callable[[], None]) -> tuple[float, CpuMeter]:

@@ -7,7 +7,7 @@ summary must cite messages the projection holds; one that cites an unknown messa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -276,15 +276,16 @@ def _summary_updated(
     )
 
 
-def erasure_keys(event: ConversationEvent, record: ConversationRecord | None) -> list[EntityKey]:
+def erasure_keys(
+    event: ConversationEvent, record: ConversationRecord | None
+) -> Iterator[EntityKey]:
     """The conversation itself and its owner: erasing either covers the event."""
-    keys = [conversation_key(event.tenant_id, event.conversation_id)]
+    yield conversation_key(event.tenant_id, event.conversation_id)
     if isinstance(event, ConversationStarted):
         owner = event.payload.owner
-        keys.append(subject_key(event.tenant_id, owner.type, owner.id))
+        yield subject_key(event.tenant_id, owner.type, owner.id)
     elif record is not None:
-        keys.append(subject_key(event.tenant_id, record.owner_type, record.owner_id))
-    return keys
+        yield subject_key(event.tenant_id, record.owner_type, record.owner_id)
 
 
 @dataclass(slots=True)

@@ -51,7 +51,12 @@ class ErasureIndex:
     entries: Mapping[EntityKey, Erasure] = field(default_factory=dict)
 
     def covering(self, keys: Iterable[EntityKey], occurred_at: datetime) -> Erasure | None:
-        """The erasure of any of ``keys`` whose cut-off is at or after ``occurred_at``."""
+        """The erasure of any of ``keys`` whose cut-off is at or after ``occurred_at``.
+
+        ``keys`` may be lazy: with no erasures to match (the common case), it is not read.
+        """
+        if not self.entries:
+            return None
         for key in keys:
             erasure = self.entries.get(key)
             if erasure is not None and occurred_at <= erasure.cut_off:

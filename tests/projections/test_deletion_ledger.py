@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from projections.deletion.erasure import (
+    EntityKey,
     Erasure,
     ErasureIndex,
     conversation_key,
@@ -140,6 +142,22 @@ def test_the_guard_refuses_events_up_to_the_cut_off_and_accepts_new_data() -> No
         ("m8", RejectionReason.ERASED),
     ]
     assert list(result.records) == [("t1", "m1")]  # new data after the cut-off
+
+
+def test_an_empty_index_reads_no_keys_and_a_lazy_one_stops_at_the_first_match() -> None:
+    read: list[EntityKey] = []
+
+    def keys() -> Iterator[EntityKey]:
+        for key in (memory_key("t1", "m1"), subject_key("t1", "user", "alice")):
+            read.append(key)
+            yield key
+
+    assert ErasureIndex().covering(keys(), NOW) is None
+    assert read == []
+    index = ErasureIndex({memory_key("t1", "m1"): Erasure("d1", NOW)})
+    assert index.covering(keys(), NOW) == Erasure("d1", NOW)
+    assert read == [memory_key("t1", "m1")]
+    assert index.covering(keys(), NOW + timedelta(seconds=1)) is None  # after the cut-off
 
 
 def test_the_index_planner_never_resurrects_and_skips_what_is_not_current() -> None:
