@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from projections.bookkeeping import OutboxMessage
-from topics.registry import TopicNames, TopicSpec
+from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
 
 
 class PublishFailed(RuntimeError):
@@ -25,6 +25,7 @@ def producer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
         "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
+        "message.max.bytes": MESSAGE_MAX_BYTES,
     }
     config.update(overrides)
     return config

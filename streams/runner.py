@@ -14,20 +14,20 @@ A crash anywhere leaves either nothing (1 rolled back: the messages are redelive
 applied) or a committed batch whose messages are redelivered and skipped by the tracking
 offsets, while its outbox rows are republished by ``drain_outbox`` at the next start.
 Transient failures (database, broker) retry the whole batch with backoff; a batch is never
-dropped.
+dropped. A message that PostgreSQL or Kafka cannot hold (``UNSTORABLE``) would fail its batch
+forever: the batch is split until that message is alone, and it becomes a dead letter.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
@@ -42,8 +42,8 @@ from streams.metrics import Metrics
 from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
 from topics.messages import InputMessage
-from topics.outputs import DeadLetter, Rejection
-from topics.registry import DLQ_SUFFIX, TopicNames, TopicSpec, entity_key
+from topics.outputs import DeadLetter, DeadLetterReason, Rejection
+from topics.registry import DLQ_SUFFIX, MESSAGE_MAX_BYTES, TopicNames, TopicSpec, entity_key
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,11 @@ class BatchReport:
     rejected: int
     redelivered_events: int
 
+    def plus(self, other: BatchReport) -> BatchReport:
+        """The report of two consecutive parts of one batch."""
+        pairs = zip(astuple(self), astuple(other), strict=True)
+        return BatchReport(*(mine + theirs for mine, theirs in pairs))
+
 
 @dataclass(frozen=True, slots=True)
 class _Committed:
@@ -144,6 +149,18 @@ class _Committed:
 
 
 RETRYABLE = (psycopg.OperationalError, bookkeeping.ConcurrentClaim, PublishFailed)
+
+
+class OversizedOutput(ValueError):
+    """An output of the batch would be larger than a Kafka message may be."""
+
+
+# Errors that come from what a message holds, not from the environment: retrying the same
+# batch would fail the same way forever. (ProgramLimitExceeded is an OperationalError, so
+# this is checked before RETRYABLE.)
+UNSTORABLE = (psycopg.errors.DataError, psycopg.errors.ProgramLimitExceeded, OversizedOutput)
+# Room left in a message for its headers and the record's own framing.
+OUTPUT_MAX_BYTES = MESSAGE_MAX_BYTES - 16 * 1024
 
 
 class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
@@ -172,7 +189,31 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
 
         Transient failures are retried until they pass: a stuck database stalls the
         projection (visible as lag and staleness) rather than losing a message.
+
+        A batch that fails because of what one of its messages holds (``UNSTORABLE``) is
+        split in two halves, applied in order, until the message is found alone: it becomes
+        a dead letter (``unstorable``) and every other message is applied as usual.
         """
+        try:
+            return await self._apply(messages)
+        except UNSTORABLE as exc:
+            if len(messages) == 1:
+                log.warning(
+                    "%s: %s:%d@%d cannot be stored (%s): dead-lettered",
+                    self.projection.name,
+                    messages[0].topic,
+                    messages[0].partition,
+                    messages[0].offset,
+                    exc,
+                )
+                return await self._apply(messages, unstorable=exc)
+            half = len(messages) // 2
+            first = await self.apply(messages[:half])
+            return first.plus(await self.apply(messages[half:]))
+
+    async def _apply(
+        self, messages: Sequence[InputMessage], unstorable: Exception | None = None
+    ) -> BatchReport:
         started = time.perf_counter()
         attempt = 0
         committed: _Committed | None = None
@@ -180,13 +221,15 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             try:
                 # Once committed, a retry only republishes: the batch is in the database.
                 if committed is None:
-                    committed = await self._commit(messages)
+                    committed = await self._commit(messages, unstorable)
                     if self._kill_after_commit and committed.outbox:
                         os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
                 await self._publisher.publish(committed.outbox)
                 async with self._pool.connection() as conn:
                     await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
                 break
+            except UNSTORABLE:
+                raise  # not transient, whatever its class says: ``apply`` isolates the message
             except RETRYABLE as exc:
                 attempt += 1
                 delay = min(self._max_backoff, 0.1 * 2**attempt)
@@ -207,15 +250,21 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         )
         return committed.report
 
-    async def _commit(self, messages: Sequence[InputMessage]) -> _Committed:
+    async def _commit(
+        self, messages: Sequence[InputMessage], unstorable: Exception | None = None
+    ) -> _Committed:
         projection = self.projection
         async with self._pool.connection() as conn, conn.transaction():
             tracked = await bookkeeping.lock_offsets(
                 conn, projection.name, ((m.topic, m.partition) for m in messages)
             )
             fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
-            await projection.prepare_decode(conn, fresh)
-            events, positions, dead = self._decode(fresh)
+            if unstorable is None:
+                await projection.prepare_decode(conn, fresh)
+                events, positions, dead = self._decode(fresh)
+            else:
+                reason = InvalidMessage(DeadLetterReason.UNSTORABLE, str(unstorable))
+                events, positions, dead = [], {}, [self._dead_letter(m, reason) for m in fresh]
             seen = (
                 await bookkeeping.load_seen(
                     conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
@@ -237,6 +286,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                 *(self._rejection_message(r) for r in outcome.rejections),
                 *dead,
             ]
+            _check_sizes(outbox)
             outbox_batch = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
             await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
         projection.committed(outcome)
@@ -286,14 +336,14 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
 
     def _dead_letter(self, message: InputMessage, invalid: InvalidMessage) -> OutboxMessage:
         self._metrics.dead_lettered(message.topic, invalid.code.value)
-        record = DeadLetter(
-            original=base64.b64encode(message.value or b"").decode(),
+        record = DeadLetter.of(
+            message.value,
             topic=message.topic,
             partition=message.partition,
             offset=message.offset,
             error=invalid.detail,
             error_code=invalid.code,
-            key=message.key.decode(errors="replace") if message.key is not None else None,
+            key=message.key,
             failed_at=self._clock(),
         )
         return OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(record))
@@ -332,6 +382,17 @@ async def retry_transient(
             delay = min(max_backoff_seconds, 0.1 * 2**attempt)
             log.warning("%s failed (%s), retry %d in %.1fs", what, exc, attempt, delay)
             await asyncio.sleep(delay)
+
+
+def _check_sizes(outbox: Iterable[OutboxMessage]) -> None:
+    for message in outbox:
+        size = len(message.value or b"") + len(message.key or b"")
+        size += sum(len(name) + len(value) for name, value in message.headers)
+        if size > OUTPUT_MAX_BYTES:
+            raise OversizedOutput(
+                f"an output for {message.topic} would be {size} bytes,"
+                f" above the limit of {OUTPUT_MAX_BYTES}"
+            )
 
 
 def _next_offsets(messages: Iterable[InputMessage]) -> dict[tuple[str, int], int]:

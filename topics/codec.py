@@ -19,6 +19,16 @@ from topics.outputs import DeadLetterReason
 from topics.schemas import EventSchema, SchemaRegistry, UnknownSchemaVersion
 
 
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
+
+
 class InvalidMessage(ValueError):
     def __init__(self, code: DeadLetterReason, detail: str) -> None:
         super().__init__(f"{code.value}: {detail}")
@@ -82,6 +92,12 @@ class EventCodec:
                 f"key {key_text!r} does not match the body ({expected_key!r})",
             )
         self._check_sizes(event.payload)
+        # JSON writes a NUL character as \u0000; only then is the event walked for one.
+        if b"\\u0000" in value and _holds_nul(orjson.loads(value)):
+            raise InvalidMessage(
+                DeadLetterReason.INVALID_EVENT,
+                "a string holds a NUL character (\\u0000), which PostgreSQL cannot store",
+            )
         return event
 
     def _decode_current(self, value: bytes) -> Envelope | None:

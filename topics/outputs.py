@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -9,6 +10,10 @@ from typing import Any, Literal
 from topics.envelope import EventLike, Frozen, Identifier, Source, Subject, Timestamp
 
 MemoryStatus = Literal["proposed", "verified", "revoked"]
+# What a dead letter keeps of the original value and key: with base64's growth by a third and
+# the other fields, it stays well under MESSAGE_MAX_BYTES.
+ORIGINAL_MAX_BYTES = 512 * 1024
+KEY_MAX_CHARS = 4096
 
 
 class MemoryRecord(Frozen):
@@ -101,6 +106,9 @@ class DeadLetterReason(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     VALUE_TOO_LARGE = "value_too_large"
     UNREADABLE_SEAL = "unreadable_seal"
+    # Valid under the contract, but PostgreSQL or Kafka cannot hold it (a NUL character, an
+    # index entry or an output message over its size limit).
+    UNSTORABLE = "unstorable"
 
 
 class DeadLetter(Frozen):
@@ -110,7 +118,7 @@ class DeadLetter(Frozen):
     optional additions so that the DLQ can be counted and replayed by reason.
     """
 
-    original: str  # base64 of the original value bytes
+    original: str  # base64 of the original value bytes (their first ORIGINAL_MAX_BYTES)
     topic: str
     partition: int
     offset: int
@@ -118,3 +126,35 @@ class DeadLetter(Frozen):
     error_code: DeadLetterReason
     key: str | None
     failed_at: datetime
+    # Set when ``original`` holds only the first ORIGINAL_MAX_BYTES: a dead letter must fit
+    # in one message, and base64 grows its input by a third.
+    original_truncated: bool = False
+    original_size: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        value: bytes | None,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        error: str,
+        error_code: DeadLetterReason,
+        key: bytes | None,
+        failed_at: datetime,
+    ) -> DeadLetter:
+        original = value or b""
+        truncated = len(original) > ORIGINAL_MAX_BYTES
+        return cls(
+            original=base64.b64encode(original[:ORIGINAL_MAX_BYTES]).decode(),
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            error=error,
+            error_code=error_code,
+            key=key.decode(errors="replace")[:KEY_MAX_CHARS] if key is not None else None,
+            failed_at=failed_at,
+            original_truncated=truncated,
+            original_size=len(original),
+        )

@@ -12,6 +12,10 @@ from enum import StrEnum
 
 DAY_MS = 24 * 60 * 60 * 1000
 DLQ_SUFFIX = ".dlq"
+# The largest message memproj produces (key, value and headers): librdkafka's default
+# ``message.max.bytes``, set explicitly by every producer. An output that would be larger is
+# not produced: the input that led to it becomes a dead letter.
+MESSAGE_MAX_BYTES = 1_000_000
 
 
 class TopicRole(StrEnum):

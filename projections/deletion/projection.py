@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
+import orjson
 from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage
@@ -50,7 +51,11 @@ class LedgerCodec:
         self._requests = EventCodec(schemas, frozenset({"deletion.requested"}))
 
     def decode(self, key: bytes | None, value: bytes | None) -> EventLike:
-        if value is None or b'"deletion.acknowledged"' not in value:
+        # The runner gives the codec no topic, so the message's own top-level event_type
+        # decides: a marker searched for in the raw bytes would also match a request whose
+        # reason happens to quote it. Whatever is not an acknowledgement (including invalid
+        # JSON) goes to the request decoder, which says precisely what is wrong with it.
+        if value is None or not _is_acknowledgement(value):
             return self._requests.decode(key, value)
         try:
             ack = Acknowledgement.model_validate_json(value)
@@ -62,6 +67,14 @@ class LedgerCodec:
                 DeadLetterReason.KEY_MISMATCH, f"key {key!r} does not match {expected!r}"
             )
         return ack
+
+
+def _is_acknowledgement(value: bytes) -> bool:
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(raw, dict) and raw.get("event_type") == "deletion.acknowledged"
 
 
 class CompletionObserver(Protocol):

@@ -75,14 +75,23 @@ async def verify(
     ]
     found["vectors_by_content"] = await _content_hits(conn, vectors, tombstone)
     found["vector_history_versions"] = await asyncio.to_thread(vectors.history_versions)
-    found["cache"] = await cache.reachable(
-        tenant_id,
-        subject=subject_of(tombstone),
-        conversation_ids=tombstone.conversation_ids(),
-        memory_ids=memories,
-    )
+    found["cache"] = await cache_reachable(cache, tombstone)
     clean = all(not value for value in found.values())
     return {"clean": clean, "found": found}
+
+
+async def cache_reachable(cache: RedisCache, tombstone: Tombstone) -> list[str]:
+    """Cache entries that still hold an erased memory or conversation (the tombstone's items).
+
+    Not every entry indexed under an erased subject: a recall after the erasure caches a
+    (possibly empty) entry for the subject that holds nothing erased, and a new memory about
+    the subject has a new id. The reconciliation audit judges cache entries the same way.
+    """
+    return await cache.reachable(
+        tombstone.tenant_id,
+        conversation_ids=tombstone.conversation_ids(),
+        memory_ids=tombstone.ids("memory"),
+    )
 
 
 async def _count(conn: Conn, query: str, params: Mapping[str, Any]) -> int:

@@ -219,7 +219,10 @@ class BatchResult:
     shredded: int = 0
     # Memories refused as erased, by the deletion that covers them: the sealer may have given
     # them a data key (it cannot know every subject an event is about), and the deletion did
-    # not know them, so their keys are destroyed with this batch.
+    # not know them, so their keys are destroyed with this batch. Only a memory the projection
+    # does not hold, or one the erasure covers through its own current record (its memory
+    # key, current subject or current source's conversation): a live memory refused only
+    # because the event would move its source into an erased conversation keeps its key.
     keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
@@ -243,6 +246,17 @@ def erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> Iterator[E
         conversation = source_conversation(source.type, source.ref)
         if conversation is not None:
             yield conversation_key(tenant, conversation)
+
+
+def current_erasure_keys(record: MemoryRecord) -> Iterator[EntityKey]:
+    """Everything whose erasure covers the memory as the projection holds it: the memory, its
+    subject and the conversation its current source points into."""
+    tenant = record.tenant_id
+    yield memory_key(tenant, record.memory_id)
+    yield subject_key(tenant, record.subject.type, record.subject.id)
+    conversation = source_conversation(record.source.type, record.source.ref)
+    if conversation is not None:
+        yield conversation_key(tenant, conversation)
 
 
 def reduce_batch(
@@ -274,7 +288,15 @@ def reduce_batch(
             continue
         erasure = erasures.covering(erasure_keys(event, current), event.occurred_at)
         if erasure is not None:
-            result.keys_to_shred[key] = erasure.deletion_id
+            # A live memory keeps its data key unless the erasure covers the memory itself;
+            # the event is refused as erased either way.
+            covering_itself = (
+                erasure
+                if current is None
+                else erasures.covering(current_erasure_keys(current), event.occurred_at)
+            )
+            if covering_itself is not None:
+                result.keys_to_shred[key] = covering_itself.deletion_id
             result.rejections.append(
                 _refuse(
                     event,

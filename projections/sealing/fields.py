@@ -42,8 +42,12 @@ def entity_of(event: dict[str, Any]) -> EntityRef | None:
     spec = PERSONAL_FIELDS.get(str(event.get("event_type")))
     if spec is None:
         return None
-    entity_id = str(event["payload"][ENTITY_FIELD[spec[0]]])
-    return entity_of_event(event["event_type"], event["tenant_id"], entity_id)
+    payload = event.get("payload")
+    tenant_id = event.get("tenant_id")
+    entity_id = payload.get(ENTITY_FIELD[spec[0]]) if isinstance(payload, dict) else None
+    if not (isinstance(tenant_id, str) and isinstance(entity_id, str)):
+        return None  # not an event of the contract: decoding says why, as a dead letter
+    return entity_of_event(event["event_type"], tenant_id, entity_id)
 
 
 def entity_of_event(event_type: str, tenant_id: str, entity_id: str) -> EntityRef | None:
@@ -92,6 +96,8 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
         return event
     if not isinstance(payload["sealed"], dict):
         raise Unreadable("the sealed fields are not an object")
+    if not isinstance(event.get("event_id"), str):
+        raise Unreadable("the event_id is not a string")
     if payload["sealed"].get("erased"):
         raise Shredded(f"{entity_name(ref)} was erased before this event was sealed")
     data_key = key_of(ref)
@@ -99,6 +105,8 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
         raise Shredded(f"the key of {entity_name(ref)} no longer exists")
     payload = dict(payload)
     sealed = payload.pop("sealed")
+    if not isinstance(sealed.get("fields"), str):
+        raise Unreadable("the sealed fields are not a string")
     payload.update(open_fields(data_key, sealed["fields"], event["event_id"]))
     return {**event, "payload": payload}
 

@@ -4,13 +4,14 @@ For every tombstone meant for its store: remove the items, check they are unreac
 publish ``deletion.acknowledged`` and only after that acknowledge the tombstone's offset.
 A failure publishes a ``failed`` acknowledgement (the ledger records it) and is retried with
 backoff until it succeeds; a crash anywhere redelivers the tombstone, and removing twice is
-harmless.
+harmless. Publishing an acknowledgement or a dead letter is retried like any transient
+failure; anything else that escapes stops the worker (as the projection agents do), rather
+than letting faust restart the agent and carry on without it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from projections.bookkeeping import OutboxMessage
 from projections.deletion.derived import DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
+from streams.runner import retry_transient
 from topics.codec import encode
 from topics.deletion import Acknowledgement, AckStatus, Tombstone
 from topics.outputs import DeadLetter, DeadLetterReason
@@ -99,7 +101,18 @@ class TombstoneHandler:
         )
         key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
         # Published and flushed before the tombstone's offset moves: an ack is never lost.
-        await self._publisher.publish([OutboxMessage(self._acks_topic, key, encode(ack))])
+        # A failed publish is retried here, not left to escape: the store has removed the
+        # items already, and an escape would leave the rest of the batch unhandled.
+        await self._publish(
+            f"{self.store.name}: {status} ack of {tombstone.deletion_id}",
+            [OutboxMessage(self._acks_topic, key, encode(ack))],
+        )
+
+    async def _publish(self, what: str, messages: list[OutboxMessage]) -> None:
+        async def publish() -> None:
+            await self._publisher.publish(messages)
+
+        await retry_transient(what, publish, self._max_backoff)
 
     async def _decode(self, message: faust.types.tuples.Message) -> Tombstone | None:
         try:
@@ -112,30 +125,47 @@ class TombstoneHandler:
             error, code = "key does not match the tombstone", DeadLetterReason.KEY_MISMATCH
         except ValidationError as exc:
             error, code = str(exc)[:500], DeadLetterReason.INVALID_EVENT
-        letter = DeadLetter(
-            original=base64.b64encode(message.value or b"").decode(),
+        letter = DeadLetter.of(
+            message.value,
             topic=message.topic,
             partition=message.partition,
             offset=message.offset,
             error=error,
             error_code=code,
-            key=message.key.decode(errors="replace") if message.key else None,
+            key=message.key,
             failed_at=self._clock(),
         )
-        await self._publisher.publish(
-            [OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(letter))]
+        await self._publish(
+            f"{self.store.name}: dead letter of {message.topic}@{message.offset}",
+            [OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(letter))],
         )
         self._metrics.dead_lettered(message.topic, code.value)
         return None
+
+
+async def honour_tombstones(
+    app: faust.App, stream: faust.StreamT[bytes], handler: TombstoneHandler
+) -> None:
+    """Handle every tombstone in order, acknowledging each after its store is done with it."""
+    try:
+        async for batch in stream.noack_take(100, within=0.1):  # type: ignore[attr-defined]
+            for event in cast(list[faust.EventT[bytes]], batch):
+                await handler.handle(event.message)
+                await stream.ack(event)
+    except Exception as exc:
+        # Store failures and transient publish failures are retried inside the handler; what
+        # arrives here is a bug or a broken environment. Faust would restart the agent and
+        # carry on without it, leaving the rest of the batch unhandled until the deadline, so
+        # stop the whole worker instead: the tombstone was not acknowledged, nothing is lost,
+        # and the exit is visible to whatever supervises the process.
+        await app.crash(exc)
+        raise
 
 
 def add_tombstone_agent(app: faust.App, topic_name: str, handler: TombstoneHandler) -> None:
     topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
 
     async def honour(stream: faust.StreamT[bytes]) -> None:
-        async for batch in stream.noack_take(100, within=0.1):  # type: ignore[attr-defined]
-            for event in cast(list[faust.EventT[bytes]], batch):
-                await handler.handle(event.message)
-                await stream.ack(event)
+        await honour_tombstones(app, stream, handler)
 
     app.agent(topic, name=f"{handler.store.name}-tombstones")(honour)

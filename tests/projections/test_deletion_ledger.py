@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from projections.deletion.erasure import (
     EntityKey,
     Erasure,
@@ -20,13 +22,14 @@ from projections.deletion.ledger import (
     plan_erasure,
     reduce_ledger,
 )
+from projections.deletion.projection import LedgerCodec
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.indexer import Authoritative, MemoryUpdate, plan_index
 from projections.memory.reducer import reduce_batch
 from streams.sample import EventFactory, to_message
-from topics.codec import EventCodec
+from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
-from topics.outputs import MemoryRecord, RejectionReason
+from topics.outputs import DeadLetterReason, MemoryRecord, RejectionReason
 from topics.schemas import default_schemas
 
 NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
@@ -190,3 +193,28 @@ def test_the_index_planner_never_resurrects_and_skips_what_is_not_current() -> N
         embedder,
     )
     assert not revoked.upserts and revoked.removals
+
+
+@pytest.mark.parametrize(
+    "reason", ["user asked", "deletion.acknowledged", 'quoted "deletion.acknowledged" too']
+)
+def test_a_request_is_decoded_as_a_request_whatever_its_reason_says(reason: str) -> None:
+    f = EventFactory(clock=NOW)
+    key, value = to_message(f.deletion("t1", "d1", {"type": "memory", "id": "m1"}, reason=reason))
+    event = LedgerCodec(SCHEMAS).decode(key, value)
+    assert isinstance(event, DeletionRequested)
+    assert event.payload.reason == reason
+
+
+def test_the_ledger_codec_decodes_acks_and_dead_letters_what_it_cannot_read() -> None:
+    codec = LedgerCodec(SCHEMAS)
+    assert codec.decode(b"t1:d1", encode(ack("cache"))) == ack("cache")
+    for key, value, code in [
+        (b"t1:d1", b"{not json", DeadLetterReason.MALFORMED_JSON),
+        (b"t1:d1", b'["deletion.acknowledged"]', DeadLetterReason.MALFORMED_JSON),
+        (b"t1:other", encode(ack("cache")), DeadLetterReason.KEY_MISMATCH),
+        (b"t1:d1", b'{"event_type": "deletion.acknowledged"}', DeadLetterReason.INVALID_EVENT),
+    ]:
+        with pytest.raises(InvalidMessage) as raised:
+            codec.decode(key, value)
+        assert raised.value.code == code, value

@@ -7,7 +7,13 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
+from projections.deletion.erasure import (
+    Erasure,
+    ErasureIndex,
+    conversation_key,
+    memory_key,
+    subject_key,
+)
 from projections.memory.reducer import MemoryKey, reduce_batch
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
@@ -224,3 +230,40 @@ def test_an_erased_subjects_memory_is_refused_and_its_key_marked_for_shredding()
     ]
     assert result.keys_to_shred == {("t1", "m_late"): "d1"}
     assert set(result.records) == {("t1", "m_new")}  # new data after the cut-off is kept
+
+
+def bob_and_a_late_correction_into_c1() -> tuple[dict[MemoryKey, MemoryRecord], MemoryEvent]:
+    """Bob's memory m4, sourced from conversation c2, and a correction moving it into c1."""
+    f = EventFactory()
+    (proposed,) = decode(f.proposed("t1", "m4", ("user", "bob"), source=("message", "c2/msg1")))
+    (late,) = decode(f.corrected("t1", "m4", 1, {"text": "x"}, source=("message", "c1/msg9")))
+    return reduce_batch([proposed], {}, {}).records, late
+
+
+def test_a_live_memory_refused_for_a_new_source_in_an_erased_conversation_keeps_its_key() -> None:
+    records, late = bob_and_a_late_correction_into_c1()
+    # Alice's conversation c1 is erased after the correction occurred.
+    cut_off = late.occurred_at + timedelta(seconds=1)
+    erasures = ErasureIndex({conversation_key("t1", "c1"): Erasure("d1", cut_off)})
+
+    result = reduce_batch([late], records, {}, erasures)
+
+    assert [(r.entity_id, r.reason) for r in result.rejections] == [("m4", RejectionReason.ERASED)]
+    assert result.keys_to_shred == {}  # Bob's m4 is live and not erased: a rebuild keeps it
+    assert result.records == {}
+
+
+def test_a_refused_event_shreds_the_key_when_the_erasure_covers_the_current_record() -> None:
+    records, late = bob_and_a_late_correction_into_c1()
+    cut_off = late.occurred_at + timedelta(seconds=1)
+    for covering in (
+        memory_key("t1", "m4"),
+        subject_key("t1", "user", "bob"),
+        conversation_key("t1", "c2"),  # its current source
+    ):
+        erasures = ErasureIndex(
+            {conversation_key("t1", "c1"): Erasure("d1", cut_off), covering: Erasure("d2", cut_off)}
+        )
+        result = reduce_batch([late], records, {}, erasures)
+        assert [r.reason for r in result.rejections] == [RejectionReason.ERASED], covering
+        assert set(result.keys_to_shred) == {("t1", "m4")}, covering

@@ -151,7 +151,7 @@ def test_an_event_whose_key_was_shredded_keeps_its_identity_and_is_never_applied
 def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch() -> None:
     class Keys:
         async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
-            return {ref: data_key for ref in refs}
+            return {ref: data_key for ref in sorted(set(refs))}  # as KeyStore orders them
 
     schemas = default_schemas()
     inner = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
@@ -164,6 +164,13 @@ def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch()
         orjson.dumps({**proposed, "payload": []}),
         orjson.dumps({**proposed, "payload": {"sealed": {}}}),
         orjson.dumps({**proposed, "payload": {**proposed["payload"], "sealed": "x"}}),
+        # Ids of the wrong type: they must not reach the key store or the cipher.
+        orjson.dumps({**seal(proposed, data_key), "tenant_id": 7}),
+        orjson.dumps({**seal(proposed, data_key), "tenant_id": ["t1"]}),
+        orjson.dumps({**seal(proposed, data_key), "event_id": 7}),
+        orjson.dumps(
+            {**proposed, "payload": {**proposed["payload"], "memory_id": 7, "sealed": {}}}
+        ),
         b"{not json",
         None,
     ]

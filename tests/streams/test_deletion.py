@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from projections.deletion import queries as ledger
+from projections.deletion.verify import verify
 from projections.embeddings.vectors import Match
 from projections.memory import store as memory_store
 from streams import reads
@@ -318,6 +319,31 @@ def test_a_crash_between_the_ledger_and_publishing_still_publishes_the_tombstone
         "cache",
         "context",
     ]
+
+
+def test_a_recall_after_the_erasure_leaves_the_verification_clean(env: Any) -> None:
+    f = recent_factory()
+    seed(env, f, "acme")
+    env.start(*ALL_KINDS)
+    ready(env, "acme")
+    prime_cache(env, "acme")
+    request(env, f, "acme", "d_alice", {"type": "subject", "id": "alice", "subject_type": "user"})
+    assert wait_verified(env, "acme", "d_alice")["verification"]["clean"]
+
+    # Recall for Alice after her erasure: the (empty) entry is cached under her subject.
+    prime_cache(env, "acme")
+
+    async def under_alice(conn: Any) -> list[str]:
+        return await cache_of(env).reachable("acme", subject=ALICE)
+
+    assert env.run(under_alice)
+
+    async def verified_again(conn: Any) -> dict[str, Any]:
+        return await verify(conn, vectors(env), cache_of(env), "acme", "d_alice")
+
+    found = env.run(verified_again)
+    assert found["found"]["cache"] == [], found
+    assert found["clean"], found
 
 
 ALL_KINDS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")

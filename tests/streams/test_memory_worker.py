@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import random
 import socket
 import time
 import urllib.request
@@ -180,6 +181,43 @@ def test_invalid_messages_go_to_the_dlq_and_the_worker_keeps_going(env: Any) -> 
     with env.connect() as conn:
         stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert stored == {f"ok_{i}" for i in range(5)}
+    assert worker.alive()
+
+
+def test_what_postgresql_or_kafka_cannot_hold_is_dead_lettered_and_the_rest_applied(
+    env: Any,
+) -> None:
+    f = EventFactory()
+    good = [f.proposed("t1", f"ok_{i}") for i in range(4)]
+    nul = f.proposed("t1", "bad_nul", value={"text": "a\x00b"})
+    # Valid under the contract (128 and 512 characters), but 4-byte characters that do not
+    # compress make its entry in the memories_by_source index larger than a btree entry may be.
+    chars = random.Random(7)
+
+    def wide_text(length: int) -> str:
+        return "".join(chr(chars.randrange(0x10000, 0x10FFFF)) for _ in range(length))
+
+    wide = f.proposed(wide_text(128), "bad_wide", source=(wide_text(128), wide_text(512)))
+    # Its dead letter would be over a Kafka message in base64: it keeps the first 512 KiB.
+    huge = f.proposed("t1", "bad_huge", value={"blob": "x" * 900_000})
+    messages = [to_message(e) for e in (good[0], nul, good[1], wide, good[2], huge, good[3])]
+    env.produce(env.topic(MEMORY_EVENTS), messages)
+    worker = env.worker()
+    env.wait_caught_up()
+
+    raw_dead = {d["key"]: d for _, d in env.read(MEMORY_EVENTS, ".dlq")}
+    assert raw_dead["t1:bad_nul"]["error_code"] == "invalid_event"
+    assert raw_dead["t1:bad_huge"]["error_code"] == "value_too_large"
+    assert raw_dead["t1:bad_huge"]["original_truncated"] is True
+    assert raw_dead["t1:bad_huge"]["original_size"] == len(messages[5][1])
+    sealed_dead = [d for _, d in env.read(MEMORY_SEALED, ".dlq")]
+    assert [(d["key"], d["error_code"]) for d in sealed_dead] == [
+        (messages[3][0].decode(), "unstorable")
+    ]
+    assert "index row" in sealed_dead[0]["error"]
+    with env.connect() as conn:
+        stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
+    assert stored == {f"ok_{i}" for i in range(4)}
     assert worker.alive()
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+from datetime import UTC, datetime
+
 import orjson
 import pytest
 from pydantic import ValidationError
 
 from streams.sample import EventFactory, to_message
-from topics.codec import EventCodec, InvalidMessage
+from topics.codec import EventCodec, InvalidMessage, encode
 from topics.memory import MemoryProposed, MemoryVerified
-from topics.outputs import DeadLetterReason
+from topics.outputs import ORIGINAL_MAX_BYTES, DeadLetter, DeadLetterReason
+from topics.registry import MESSAGE_MAX_BYTES
 from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 MEMORY_TYPES = frozenset(
@@ -130,3 +134,38 @@ def test_body_hash_ignores_serialisation_details(codec: EventCodec) -> None:
     assert (
         codec.decode(key, orjson.dumps(raw)).body_hash() != codec.decode(key, compact).body_hash()
     )
+
+
+def test_a_nul_character_anywhere_is_invalid_and_escaped_backslashes_are_not(
+    codec: EventCodec,
+) -> None:
+    f = EventFactory()
+    nul_value = f.proposed("t1", "m1", value={"notes": ["fine", {"deep": "a\x00b"}]})
+    nul_key = f.proposed("t1", "m2", value={"a\x00": "b"})
+    nul_tenant = f.proposed("t\x00", "m3")
+    for raw in (nul_value, nul_key, nul_tenant):
+        with pytest.raises(InvalidMessage) as refused:
+            codec.decode(*to_message(raw))
+        assert refused.value.code is DeadLetterReason.INVALID_EVENT
+        assert "NUL" in refused.value.detail
+    # A backslash followed by "u0000" is text, not a NUL character.
+    literal = f.proposed("t1", "m4", value={"text": "\\u0000"})
+    assert codec.decode(*to_message(literal)).payload.value == {"text": "\\u0000"}
+
+
+def test_a_dead_letter_keeps_at_most_its_bound_of_the_original() -> None:
+    failed_at = datetime.now(UTC)
+
+    def letter(value: bytes, key: bytes | None) -> DeadLetter:
+        return DeadLetter.of(value, topic="t", partition=0, offset=1, error="e",
+                             error_code=DeadLetterReason.INVALID_EVENT, key=key,
+                             failed_at=failed_at)  # fmt: skip
+
+    small = letter(b"abc", b"k")
+    assert base64.b64decode(small.original) == b"abc"
+    assert (small.original_truncated, small.original_size) == (False, 3)
+    value = b"x" * (ORIGINAL_MAX_BYTES + 10)
+    big = letter(value, None)
+    assert base64.b64decode(big.original) == value[:ORIGINAL_MAX_BYTES]
+    assert (big.original_truncated, big.original_size, big.key) == (True, len(value), None)
+    assert len(encode(big)) < MESSAGE_MAX_BYTES
