@@ -228,3 +228,29 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_a_message_too_large_once_sealed_is_dead_lettered_and_the_rest_applied(env: Any) -> None:
+    f = EventFactory()
+    # Valid under the contract and under Kafka's limit as produced, but base64 grows its
+    # sealed form by a third, past the largest message memproj produces.
+    huge = f.message("acme", "c1", "m_huge", "user", "x" * 900_000)
+    events = [
+        f.started("acme", "c1", ("user", "alice")),
+        f.message("acme", "c1", "m1", "user", "hello"),
+        huge,
+        f.message("acme", "c1", "m2", "assistant", "hi"),
+    ]
+    env.produce_events(events, CONVERSATION_EVENTS)
+    workers = [env.worker("conversation")]
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    workers += [w for w in env.workers if w.kind == "sealer"]
+
+    dead = [letter for _, letter in env.read(CONVERSATION_EVENTS, ".dlq")]
+    assert [(d["key"], d["error_code"]) for d in dead] == [("acme:c1", "unstorable")]
+    assert dead[0]["original_truncated"] is True
+    assert "above the limit" in dead[0]["error"]
+    conversation = read(env, lambda c: store.load_conversation(c, "acme", "c1"))
+    assert conversation is not None
+    assert [m.message_id for m in conversation.messages] == ["m1", "m2"]
+    assert all(worker.alive() for worker in workers)
