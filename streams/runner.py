@@ -20,24 +20,23 @@ forever: the batch is split until that message is alone, and it becomes a dead l
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Generic, Protocol, TypeVar
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn, OutboxMessage, RejectionRow
 from projections.idempotency import EventKey, ProcessedEvent
-from streams.kafka import PublishFailed
+from streams.failures import UNSTORABLE, OversizedOutput, retry_transient
 from streams.metrics import Metrics
 from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
@@ -148,17 +147,6 @@ class _Committed:
     newest_occurred_at: datetime | None
 
 
-RETRYABLE = (psycopg.OperationalError, bookkeeping.ConcurrentClaim, PublishFailed)
-
-
-class OversizedOutput(ValueError):
-    """An output of the batch would be larger than a Kafka message may be."""
-
-
-# Errors that come from what a message holds, not from the environment: retrying the same
-# batch would fail the same way forever. (ProgramLimitExceeded is an OperationalError, so
-# this is checked before RETRYABLE.)
-UNSTORABLE = (psycopg.errors.DataError, psycopg.errors.ProgramLimitExceeded, OversizedOutput)
 # Room left in a message for its headers and the record's own framing.
 OUTPUT_MAX_BYTES = MESSAGE_MAX_BYTES - 16 * 1024
 
@@ -215,33 +203,27 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         self, messages: Sequence[InputMessage], unstorable: Exception | None = None
     ) -> BatchReport:
         started = time.perf_counter()
-        attempt = 0
-        committed: _Committed | None = None
-        while True:
-            try:
-                # Once committed, a retry only republishes: the batch is in the database.
-                if committed is None:
-                    committed = await self._commit(messages, unstorable)
-                    if self._kill_after_commit and committed.outbox:
-                        os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
-                await self._publisher.publish(committed.outbox)
-                async with self._pool.connection() as conn:
-                    await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
-                break
-            except UNSTORABLE:
-                raise  # not transient, whatever its class says: ``apply`` isolates the message
-            except RETRYABLE as exc:
-                attempt += 1
-                delay = min(self._max_backoff, 0.1 * 2**attempt)
-                self._metrics.retried(self.projection.name, type(exc).__name__)
-                log.warning(
-                    "%s: batch failed (%s), retry %d in %.1fs",
-                    self.projection.name,
-                    exc,
-                    attempt,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+        name = self.projection.name
+
+        def retried(exc: Exception) -> None:
+            self._metrics.retried(name, type(exc).__name__)
+
+        committed = await retry_transient(
+            f"{name}: batch",
+            partial(self._commit, messages, unstorable),
+            self._max_backoff,
+            retried,
+        )
+        if self._kill_after_commit and committed.outbox:
+            os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
+
+        async def publish() -> None:
+            # The batch is in the database: a retry only republishes.
+            await self._publisher.publish(committed.outbox)
+            async with self._pool.connection() as conn:
+                await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
+
+        await retry_transient(f"{name}: publish", publish, self._max_backoff, retried)
         self._metrics.batch_applied(
             self.projection.name,
             committed.applied_event_types,
@@ -367,21 +349,6 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             async with self._pool.connection() as conn:
                 await bookkeeping.remove_from_outbox(conn, [outbox_id for outbox_id, _ in pending])
             drained += len(pending)
-
-
-async def retry_transient(
-    what: str, work: Callable[[], Awaitable[T]], max_backoff_seconds: float = 30.0
-) -> T:
-    """Run ``work`` until it succeeds or fails with something other than a transient error."""
-    attempt = 0
-    while True:
-        try:
-            return await work()
-        except RETRYABLE as exc:
-            attempt += 1
-            delay = min(max_backoff_seconds, 0.1 * 2**attempt)
-            log.warning("%s failed (%s), retry %d in %.1fs", what, exc, attempt, delay)
-            await asyncio.sleep(delay)
 
 
 def _check_sizes(outbox: Iterable[OutboxMessage]) -> None:

@@ -34,8 +34,9 @@ from projections.embeddings.indexer import (
 )
 from projections.embeddings.vectors import VectorStore
 from streams.agents.projection import to_input
+from streams.failures import retry_transient
 from streams.metrics import Metrics
-from streams.runner import Publisher, retry_transient
+from streams.runner import Publisher
 from topics.codec import encode
 from topics.messages import InputMessage
 from topics.outputs import MemoryRecord

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import cast
 
 import faust
@@ -22,9 +23,9 @@ from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
 from projections.deletion.derived import DerivedStore
+from streams.failures import retry_transient
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
-from streams.runner import retry_transient
 from topics.codec import encode
 from topics.deletion import Acknowledgement, AckStatus, Tombstone
 from topics.outputs import DeadLetter, DeadLetterReason
@@ -109,10 +110,7 @@ class TombstoneHandler:
         )
 
     async def _publish(self, what: str, messages: list[OutboxMessage]) -> None:
-        async def publish() -> None:
-            await self._publisher.publish(messages)
-
-        await retry_transient(what, publish, self._max_backoff)
+        await retry_transient(what, partial(self._publisher.publish, messages), self._max_backoff)
 
     async def _decode(self, message: faust.types.tuples.Message) -> Tombstone | None:
         try:
