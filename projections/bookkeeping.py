@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import psycopg
 from psycopg import AsyncConnection, errors, postgres
 from psycopg.abc import AdaptContext
 from psycopg.adapt import Dumper
@@ -165,6 +166,13 @@ async def _column_types(conn: Conn, table: str, columns: Sequence[str]) -> list[
         (table,),
     )
     by_name = {str(name): int(oid) for name, oid in await cursor.fetchall()}
+    missing = [column for column in columns if column.strip('"') not in by_name]
+    if missing:
+        # What PostgreSQL itself would say of the COPY: the schema is not the one memproj's
+        # migrations made (an environment fault, never one message's).
+        raise psycopg.errors.UndefinedColumn(
+            f"table {table} has no column {', '.join(missing)}: its schema is not memproj's"
+        )
     return [by_name[column.strip('"')] for column in columns]
 
 
@@ -304,12 +312,18 @@ async def add_to_outbox(
 
 
 async def pending_outbox(
-    conn: Conn, producer: str, limit: int = 10_000
+    conn: Conn, producer: str, limit: int = 10_000, max_bytes: int = 32 * 1024 * 1024
 ) -> list[tuple[int, OutboxMessage]]:
+    """The oldest staged messages of ``producer``: at most ``limit`` of them and, beyond the
+    first, at most ``max_bytes`` of keys and values (a drain holds a bounded amount)."""
     cursor = await conn.execute(
-        "SELECT id, topic, key, value, headers FROM outbox WHERE producer = %s"
-        " ORDER BY id LIMIT %s",
-        (producer, limit),
+        "SELECT id, topic, key, value, headers FROM ("
+        " SELECT id, topic, key, value, headers, sum(coalesce(octet_length(value), 0)"
+        " + coalesce(octet_length(key), 0)) OVER (ORDER BY id) AS running,"
+        " row_number() OVER (ORDER BY id) AS n"
+        " FROM outbox WHERE producer = %s ORDER BY id LIMIT %s) AS pending"
+        " WHERE n = 1 OR running <= %s ORDER BY id",
+        (producer, limit, max_bytes),
     )
     return [
         (
@@ -341,3 +355,18 @@ def _headers_json(headers: Headers) -> str | None:
 
 def _bytes(value: object) -> bytes | None:
     return None if value is None else bytes(value)  # type: ignore[call-overload]
+
+
+class PostgresTracking:
+    """The bookkeeping tables as a projection runner uses them, in the caller's transaction
+    (one object, so that the runner's own tests can give it an in-memory fake)."""
+
+    lock_offsets = staticmethod(lock_offsets)
+    save_offsets = staticmethod(save_offsets)
+    load_seen = staticmethod(load_seen)
+    claim_processed = staticmethod(claim_processed)
+    record_rejections = staticmethod(record_rejections)
+    add_to_outbox = staticmethod(add_to_outbox)
+    pending_outbox = staticmethod(pending_outbox)
+    remove_outbox_batch = staticmethod(remove_outbox_batch)
+    remove_from_outbox = staticmethod(remove_from_outbox)

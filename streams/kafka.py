@@ -31,6 +31,27 @@ def producer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
     return config
 
 
+def consumer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
+    """The configuration of every confluent-kafka Consumer memproj creates."""
+    config: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        # Contract 1.1: an aborted transaction's events are never applied. librdkafka's
+        # default is read_committed too; it is said here because the contract depends on it.
+        "isolation.level": "read_committed",
+    }
+    config.update(overrides)
+    return config
+
+
+def admin_config(
+    bootstrap: str, **overrides: str | int | float | bool
+) -> dict[str, str | int | float | bool]:
+    """The configuration of every confluent-kafka AdminClient memproj creates."""
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap}
+    config.update(overrides)
+    return config
+
+
 class KafkaPublisher:
     """Publishes a batch and returns only once the broker has every message."""
 
@@ -84,7 +105,7 @@ def create_topics(
 ) -> list[TopicCreation]:
     """Create every topic that does not exist yet; existing topics are left as they are."""
     specs = list(specs)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(admin_config(bootstrap))
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [spec for spec in specs if names.name(spec) not in existing]
     results = [
@@ -124,6 +145,6 @@ def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 60.0) -
     destroyed before they are sent are dropped, and the topics would stay."""
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(admin_config(bootstrap))
     for deletion in admin.delete_topics(list(names), operation_timeout=timeout).values():
         deletion.result(timeout=timeout)

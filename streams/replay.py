@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import orjson
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from psycopg.conninfo import make_conninfo
@@ -36,6 +36,8 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
 from projections.embeddings.vectors import VectorEntry
+from streams.isolation import CircuitBreaker, Isolation
+from streams.kafka import admin_config, consumer_config
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool, open_vector_store
@@ -122,13 +124,18 @@ class ReplayReport:
 
 
 def reader(settings: Settings) -> Consumer:
+    """A committed reader (contract 1.1): its watermark queries end at the last stable
+    offset, and it reports reaching the end of a partition, so that a read whose end lies
+    behind transaction markers or aborted messages (offsets it never receives) still ends."""
     return Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"memproj-replay-{uuid.uuid4().hex}",  # never commits: no group state
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
+        consumer_config(
+            settings.kafka_bootstrap,
+            **{
+                "group.id": f"memproj-replay-{uuid.uuid4().hex}",  # never commits: no group
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+        )
     )
 
 
@@ -141,6 +148,7 @@ def positions(
     for topic in topics:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         for partition in sorted(metadata.partitions):
+            # ``reader`` is a committed reader: ``high`` is the last stable offset.
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
             ends[(topic, partition)] = high
             if start == "earliest":
@@ -174,13 +182,21 @@ def read(
     while wanted:
         batch: list[InputMessage] = []
         for message in consumer.consume(batch_size, timeout=1.0):
-            if message.error() is not None:
-                raise RuntimeError(f"replay read failed: {message.error()}")
             topic, partition, offset = message.topic(), message.partition(), message.offset()
+            error = message.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise RuntimeError(f"replay read failed: {error}")
             assert topic is not None and partition is not None and offset is not None
             position = (topic, partition)
             end = wanted.get(position)
-            if end is None or offset >= end:
+            if end is not None and error is not None and offset >= end:
+                # Nothing more for a committed reader up to the end: what is left are
+                # offsets it never receives (transaction markers, aborted messages).
+                del wanted[position]
+                if progress is not None:
+                    progress.partitions_done += 1
+                continue
+            if end is None or error is not None or offset >= end:
                 continue
             batch.append(
                 InputMessage(
@@ -228,9 +244,11 @@ async def replay_projection(
         shadow_dsn = make_conninfo(settings.postgres_dsn, options=f"-csearch_path={shadow},{live}")
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
-        runner = ProjectionRunner(
-            projection, pool, DiscardingPublisher(), settings.topics, Metrics(CollectorRegistry())
-        )
+        metrics = Metrics(CollectorRegistry())
+        runner = ProjectionRunner(projection, pool, DiscardingPublisher(), settings.topics, metrics)
+        # A rebuild dead-letters nothing (DiscardingPublisher stops it instead), and a
+        # systemic fault stops it like a live worker.
+        isolation = Isolation(CircuitBreaker(f"replay {projection.name}"), metrics)
         consumer = reader(settings)
         try:
             topics = [settings.topics.name(s) for s in projection.input_specs]
@@ -238,7 +256,7 @@ async def replay_projection(
             progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
             began = time.monotonic()
             for batch in read(consumer, starts, ends, batch_size, progress):
-                await runner.apply(batch)
+                await runner.apply(batch, isolation)
                 progress.done += len(batch)
                 if on_progress is not None:
                     on_progress(progress)
@@ -252,7 +270,9 @@ async def replay_projection(
             )
             await live_conn.commit()
             if swap == "always" or (swap == "if-equal" and not report.differences):
-                await _swap(live_conn, pool, runner, consumer, spec, live, shadow, report)
+                await _swap(
+                    live_conn, pool, runner, isolation, consumer, spec, live, shadow, report
+                )
         finally:
             consumer.close()
             await pool.close()
@@ -263,6 +283,7 @@ async def _swap(
     live_conn: Conn,
     pool: Any,
     runner: ProjectionRunner[Any, Any, Any],
+    isolation: Isolation,
     consumer: Consumer,
     spec: shadows.ShadowSpec,
     live: str,
@@ -279,7 +300,7 @@ async def _swap(
         async with pool.connection() as shadow_conn:
             shadow_offsets = await _tracked(shadow_conn, spec.projection, lock=False)
         for batch in read(consumer, shadow_offsets, live_offsets, 2000):
-            await runner.apply(batch)
+            await runner.apply(batch, isolation)
             report.caught_up += len(batch)
         async with pool.connection() as shadow_conn, shadow_conn.transaction():
             report.swept = await shadows.sweep_erased(shadow_conn, spec)
@@ -321,10 +342,12 @@ async def replay_embeddings(
     live = open_vector_store(settings)
     pool = make_pool(settings.postgres_dsn, 2)
     await pool.open(wait=True)
+    metrics = Metrics(CollectorRegistry())
     indexer = EmbeddingsIndexer(
         pool, shadow, HashingEmbedder(settings.embedding_dim), DiscardingPublisher(),
-        settings.topics, Metrics(CollectorRegistry()), asyncio.Lock(),
+        settings.topics, metrics, asyncio.Lock(),
     )  # fmt: skip
+    isolation = Isolation(CircuitBreaker("replay embeddings"), metrics)
     consumer = reader(settings)
     try:
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
@@ -332,8 +355,7 @@ async def replay_embeddings(
         progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
         began = time.monotonic()
         for batch in read(consumer, starts, ends, batch_size, progress):
-            updates = [u for u in (indexer.decode(m) for m in batch) if u is not None]
-            await indexer.apply(updates)
+            await indexer.apply(batch, isolation)
             progress.done += len(batch)
             if on_progress is not None:
                 on_progress(progress)
@@ -365,6 +387,6 @@ async def replay_embeddings(
 
 
 def group_members(settings: Settings, group: str) -> list[str]:
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings.kafka_bootstrap))
     description = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
     return sorted(f"{m.client_id}@{m.host}" for m in description.members)

@@ -14,8 +14,12 @@ A crash anywhere leaves either nothing (1 rolled back: the messages are redelive
 applied) or a committed batch whose messages are redelivered and skipped by the tracking
 offsets, while its outbox rows are republished by ``drain_outbox`` at the next start.
 Transient failures (database, broker) retry the whole batch with backoff; a batch is never
-dropped. A message that PostgreSQL or Kafka cannot hold (``UNSTORABLE``) would fail its batch
-forever: the batch is split until that message is alone, and it becomes a dead letter.
+dropped. A failure that is about a message (``streams.failures``: a bug one message hits, or
+what PostgreSQL or Kafka cannot hold) would fail its batch forever: the batch is applied again
+in one transaction, each part in a savepoint, split until the failing message is alone; it
+becomes a dead letter (``processing_failed`` or ``unstorable``, with its stage) in the same
+commit as the rest, unless the circuit breaker judges the failures systemic and stops the
+worker with nothing committed.
 """
 
 from __future__ import annotations
@@ -25,24 +29,24 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping
-from projections.bookkeeping import Conn, OutboxMessage, RejectionRow
+from projections.bookkeeping import Conn, OutboxMessage, PostgresTracking, RejectionRow
 from projections.idempotency import EventKey, ProcessedEvent
-from streams.failures import UNSTORABLE, OversizedOutput, retry_transient
+from streams.failures import OversizedOutput, retry_transient
+from streams.isolation import Failure, Isolation, message_failure, stage
 from streams.metrics import Metrics
 from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
 from topics.messages import InputMessage
-from topics.outputs import DeadLetter, DeadLetterReason, Rejection
-from topics.registry import DLQ_SUFFIX, MESSAGE_MAX_BYTES, TopicNames, TopicSpec, entity_key
+from topics.outputs import Rejection
+from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec, entity_key
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,42 @@ class Outcome(Protocol):
     def shredded(self) -> int: ...
 
     def applied_event_types(self) -> list[str]: ...
+
+
+class Tracking(Protocol):
+    """The bookkeeping a runner keeps in each batch's transaction (``PostgresTracking``)."""
+
+    async def lock_offsets(
+        self, conn: Conn, projection: str, positions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]: ...
+
+    async def save_offsets(
+        self, conn: Conn, projection: str, next_offsets: Mapping[tuple[str, int], int]
+    ) -> None: ...
+
+    async def load_seen(
+        self, conn: Conn, projection: str, keys: Iterable[EventKey]
+    ) -> dict[EventKey, bytes]: ...
+
+    async def claim_processed(
+        self, conn: Conn, projection: str, processed: Sequence[ProcessedEvent]
+    ) -> None: ...
+
+    async def record_rejections(
+        self, conn: Conn, projection: str, rows: Sequence[RejectionRow]
+    ) -> None: ...
+
+    async def add_to_outbox(
+        self, conn: Conn, producer: str, messages: Sequence[OutboxMessage]
+    ) -> uuid.UUID | None: ...
+
+    async def pending_outbox(
+        self, conn: Conn, producer: str, limit: int = ..., max_bytes: int = ...
+    ) -> list[tuple[int, OutboxMessage]]: ...
+
+    async def remove_outbox_batch(self, conn: Conn, batch_id: uuid.UUID | None) -> None: ...
+
+    async def remove_from_outbox(self, conn: Conn, ids: Sequence[int]) -> None: ...
 
 
 class Publisher(Protocol):
@@ -151,6 +191,17 @@ class _Committed:
 OUTPUT_MAX_BYTES = MESSAGE_MAX_BYTES - 16 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One part of a batch, applied in the batch's transaction."""
+
+    outcome: Outcome
+    events: list[EventLike]
+    outbox: list[OutboxMessage]
+    failed: list[tuple[InputMessage, Failure]]
+    dead_letters: int
+
+
 class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
     def __init__(
         self,
@@ -159,49 +210,34 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         publisher: Publisher,
         topics: TopicNames,
         metrics: Metrics,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_backoff_seconds: float = 30.0,
         failpoint: str = "",
+        outbox_drain_max_bytes: int = 32 * 1024 * 1024,
+        tracking: Tracking | None = None,
     ) -> None:
         self.projection = projection
+        self._tracking: Tracking = tracking or PostgresTracking()
         self._kill_after_commit = failpoint == f"{projection.name}:after_commit"
         self._pool = pool
         self._publisher = publisher
         self._topics = topics
         self._metrics = metrics
-        self._clock = clock
         self._max_backoff = max_backoff_seconds
+        self._drain_max_bytes = outbox_drain_max_bytes
 
-    async def apply(self, messages: Sequence[InputMessage]) -> BatchReport:
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> BatchReport:
         """Apply a batch; returns when it is committed and its outputs are published.
 
         Transient failures are retried until they pass: a stuck database stalls the
-        projection (visible as lag and staleness) rather than losing a message.
-
-        A batch that fails because of what one of its messages holds (``UNSTORABLE``) is
-        split in two halves, applied in order, until the message is found alone: it becomes
-        a dead letter (``unstorable``) and every other message is applied as usual.
+        projection (visible as lag and staleness) rather than losing a message. A failure
+        that is about a message is isolated in the batch's transaction (savepoints, bisected
+        around the failing messages): the failing messages become dead letters, the others
+        are applied, all in one commit, unless the breaker judges the failures systemic.
         """
-        try:
-            return await self._apply(messages)
-        except UNSTORABLE as exc:
-            if len(messages) == 1:
-                log.warning(
-                    "%s: %s:%d@%d cannot be stored (%s): dead-lettered",
-                    self.projection.name,
-                    messages[0].topic,
-                    messages[0].partition,
-                    messages[0].offset,
-                    exc,
-                )
-                return await self._apply(messages, unstorable=exc)
-            half = len(messages) // 2
-            first = await self.apply(messages[:half])
-            return first.plus(await self.apply(messages[half:]))
-
-    async def _apply(
-        self, messages: Sequence[InputMessage], unstorable: Exception | None = None
-    ) -> BatchReport:
         started = time.perf_counter()
         name = self.projection.name
 
@@ -209,10 +245,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             self._metrics.retried(name, type(exc).__name__)
 
         committed = await retry_transient(
-            f"{name}: batch",
-            partial(self._commit, messages, unstorable),
-            self._max_backoff,
-            retried,
+            f"{name}: batch", partial(self._commit, messages, isolation), self._max_backoff, retried
         )
         if self._kill_after_commit and committed.outbox:
             os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
@@ -221,7 +254,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             # The batch is in the database: a retry only republishes.
             await self._publisher.publish(committed.outbox)
             async with self._pool.connection() as conn:
-                await bookkeeping.remove_outbox_batch(conn, committed.outbox_batch)
+                await self._tracking.remove_outbox_batch(conn, committed.outbox_batch)
 
         await retry_transient(f"{name}: publish", publish, self._max_backoff, retried)
         self._metrics.batch_applied(
@@ -232,103 +265,139 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         )
         return committed.report
 
-    async def _commit(
-        self, messages: Sequence[InputMessage], unstorable: Exception | None = None
+    async def _commit(self, messages: Sequence[InputMessage], isolation: Isolation) -> _Committed:
+        async with self._pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    return await self._commit_in(conn, messages, isolation, isolate=False)
+            except Exception as exc:
+                failure = message_failure(exc)  # raises again what is not about a message
+                log.warning(
+                    "%s: a batch of %d failed (%s): isolating the failing messages",
+                    self.projection.name,
+                    len(messages),
+                    failure.describe(),
+                )
+            async with conn.transaction():
+                return await self._commit_in(conn, messages, isolation, isolate=True)
+
+    async def _commit_in(
+        self, conn: Conn, messages: Sequence[InputMessage], isolation: Isolation, isolate: bool
     ) -> _Committed:
         projection = self.projection
-        async with self._pool.connection() as conn, conn.transaction():
-            tracked = await bookkeeping.lock_offsets(
-                conn, projection.name, ((m.topic, m.partition) for m in messages)
+        tracked = await self._tracking.lock_offsets(
+            conn, projection.name, ((m.topic, m.partition) for m in messages)
+        )
+        fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
+        if isolate:
+
+            async def in_savepoint(part: Sequence[InputMessage]) -> _Part:
+                async with conn.transaction():
+                    return await self._apply_part(conn, part, isolation)
+
+            parts, failed = await isolation.split(fresh, in_savepoint)
+        else:
+            parts, failed = [await self._apply_part(conn, fresh, isolation)], []
+        failed = [*(f for part in parts for f in part.failed), *failed]
+        # The breaker judges before anything of the batch is committed.
+        dead = isolation.judge(len(fresh), failed)
+        outbox = [*(m for part in parts for m in part.outbox), *dead]
+        outbox_batch = await self._tracking.add_to_outbox(conn, projection.name, outbox)
+        await self._tracking.save_offsets(conn, projection.name, _next_offsets(messages))
+        report = BatchReport(len(messages), len(messages) - len(fresh), 0, len(dead), 0, 0, 0)
+        applied_event_types: list[str] = []
+        for part in parts:
+            outcome = part.outcome
+            projection.committed(outcome)  # type: ignore[arg-type]
+            part_types = outcome.applied_event_types()
+            applied_event_types += part_types
+            for rejection in outcome.rejections:
+                self._metrics.rejected(rejection.reason.value)
+            self._metrics.shredded(projection.name, outcome.shredded)
+            self._metrics.redelivered(projection.name, "event_id", outcome.redelivered)
+            report = report.plus(
+                BatchReport(
+                    0,
+                    0,
+                    outcome.shredded,
+                    part.dead_letters,
+                    len(part_types),
+                    len(outcome.rejections),
+                    outcome.redelivered,
+                )
             )
-            fresh = [m for m in messages if m.offset >= tracked.get((m.topic, m.partition), 0)]
-            if unstorable is None:
-                await projection.prepare_decode(conn, fresh)
-                events, positions, dead = self._decode(fresh)
-            else:
-                reason = InvalidMessage(DeadLetterReason.UNSTORABLE, str(unstorable))
-                events, positions, dead = [], {}, [self._dead_letter(m, reason) for m in fresh]
+        self._metrics.redelivered(projection.name, "offset", report.skipped_offsets)
+        return _Committed(
+            report,
+            outbox_batch,
+            outbox,
+            applied_event_types,
+            max((e.occurred_at for p in parts for e in p.events), default=None),
+        )
+
+    async def _apply_part(
+        self, conn: Conn, messages: Sequence[InputMessage], isolation: Isolation
+    ) -> _Part:
+        """Decode, reduce and write ``messages``; their outbox is returned, not yet staged."""
+        projection = self.projection
+        with stage("unseal"):
+            await projection.prepare_decode(conn, messages)
+        events, positions, dead, failed = self._decode(messages, isolation)
+        with stage("load"):
             seen = (
-                await bookkeeping.load_seen(
+                await self._tracking.load_seen(
                     conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
                 )
                 if projection.tracks_event_ids
                 else {}
             )
             state = await projection.load(conn, events)
+        with stage("reduce"):
             outcome = projection.reduce(events, state, seen)
-            await bookkeeping.claim_processed(conn, projection.name, outcome.processed)
+        with stage("write"):
+            await self._tracking.claim_processed(conn, projection.name, outcome.processed)
             await projection.save(conn, outcome)
             rejection_rows = [
                 RejectionRow(rejection, *positions[(rejection.tenant_id, rejection.event_id)])
                 for rejection in outcome.rejections
             ]
-            await bookkeeping.record_rejections(conn, projection.name, rejection_rows)
+            await self._tracking.record_rejections(conn, projection.name, rejection_rows)
             outbox = [
                 *projection.outputs(outcome),
                 *(self._rejection_message(r) for r in outcome.rejections),
                 *dead,
             ]
             _check_sizes(outbox)
-            outbox_batch = await bookkeeping.add_to_outbox(conn, projection.name, outbox)
-            await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
-        projection.committed(outcome)
-        applied_event_types = outcome.applied_event_types()
-        for rejection in outcome.rejections:
-            self._metrics.rejected(rejection.reason.value)
-        skipped = len(messages) - len(fresh)
-        self._metrics.redelivered(projection.name, "offset", skipped)
-        self._metrics.shredded(projection.name, outcome.shredded)
-        self._metrics.redelivered(projection.name, "event_id", outcome.redelivered)
-        report = BatchReport(
-            messages=len(messages),
-            skipped_offsets=skipped,
-            shredded=outcome.shredded,
-            dead_letters=len(dead),
-            applied=len(applied_event_types),
-            rejected=len(outcome.rejections),
-            redelivered_events=outcome.redelivered,
-        )
-        return _Committed(
-            report,
-            outbox_batch,
-            outbox,
-            applied_event_types,
-            max((e.occurred_at for e in events), default=None),
-        )
+        return _Part(outcome, list(events), outbox, failed, len(dead))
 
     def _decode(
-        self, messages: Iterable[InputMessage]
-    ) -> tuple[list[EventT], dict[EventKey, tuple[str, int, int]], list[OutboxMessage]]:
+        self, messages: Iterable[InputMessage], isolation: Isolation
+    ) -> tuple[
+        list[EventT],
+        dict[EventKey, tuple[str, int, int]],
+        list[OutboxMessage],
+        list[tuple[InputMessage, Failure]],
+    ]:
         events: list[EventT] = []
         positions: dict[EventKey, tuple[str, int, int]] = {}
         dead: list[OutboxMessage] = []
+        failed: list[tuple[InputMessage, Failure]] = []
         codec = self.projection.codec
         for message in messages:
             try:
                 event = codec.decode(message.key, message.value)
             except InvalidMessage as invalid:
-                dead.append(self._dead_letter(message, invalid))
+                dead.append(isolation.invalid(message, invalid))
+                continue
+            except Exception as exc:
+                failed.append((message, message_failure(exc, "decode")))
                 continue
             events.append(event)  # type: ignore[arg-type]
             positions.setdefault(
                 (event.tenant_id, event.event_id),
                 (message.topic, message.partition, message.offset),
             )
-        return events, positions, dead
-
-    def _dead_letter(self, message: InputMessage, invalid: InvalidMessage) -> OutboxMessage:
-        self._metrics.dead_lettered(message.topic, invalid.code.value)
-        record = DeadLetter.of(
-            message.value,
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            error=invalid.detail,
-            error_code=invalid.code,
-            key=message.key,
-            failed_at=self._clock(),
-        )
-        return OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(record))
+        return events, positions, dead, failed
 
     def _rejection_message(self, rejection: Rejection) -> OutboxMessage:
         return OutboxMessage(
@@ -338,16 +407,19 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         )
 
     async def drain_outbox(self) -> int:
-        """Publish what a previous run committed but did not get to publish."""
+        """Publish what a previous run committed but did not get to publish, a bounded
+        number of bytes at a time."""
         drained = 0
         while True:
             async with self._pool.connection() as conn:
-                pending = await bookkeeping.pending_outbox(conn, self.projection.name)
+                pending = await self._tracking.pending_outbox(
+                    conn, self.projection.name, max_bytes=self._drain_max_bytes
+                )
             if not pending:
                 return drained
             await self._publisher.publish([message for _, message in pending])
             async with self._pool.connection() as conn:
-                await bookkeeping.remove_from_outbox(conn, [outbox_id for outbox_id, _ in pending])
+                await self._tracking.remove_from_outbox(conn, [i for i, _ in pending])
             drained += len(pending)
 
 

@@ -12,6 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
+from streams.loop import BatchLimits, BreakerSettings
 from topics.registry import TopicNames
 
 
@@ -44,6 +45,24 @@ class Settings(BaseSettings):
     batch_max_events: int = Field(2000, description="most events applied in one transaction")
     batch_max_wait_seconds: float = Field(
         0.25, description="longest a partial batch waits before it is applied"
+    )
+    batch_max_bytes: int = Field(
+        32 * 1024 * 1024,
+        description="most bytes (keys and values) applied in one transaction; also bounds "
+        "an outbox drain (a larger message is applied alone)",
+    )
+    breaker_failure_ratio: float = Field(
+        0.5,
+        description="the circuit breaker stops a worker when more than this share of the "
+        "messages just seen failed the same way (same stage and exception class)",
+    )
+    breaker_min_failures: int = Field(
+        5, description="fewest failures of one kind that can trip the circuit breaker"
+    )
+    breaker_window: int = Field(
+        20,
+        description="the breaker judges a batch topped up with the messages before it to "
+        "this many (a trickle of one-message batches is judged together)",
     )
     context_budget_tokens: int = Field(
         4000, description="context view budget, in approximate tokens (4 characters each)"
@@ -90,6 +109,16 @@ class Settings(BaseSettings):
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    @property
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(self.batch_max_events, self.batch_max_wait_seconds, self.batch_max_bytes)
+
+    @property
+    def breaker(self) -> BreakerSettings:
+        return BreakerSettings(
+            self.breaker_failure_ratio, self.breaker_min_failures, self.breaker_window
+        )
 
     @property
     def vector_store_path(self) -> Path:

@@ -1,5 +1,6 @@
-"""The faust transport memproj's apps run on: faust's aiokafka transport, with each fetched
-message handed to the agents' streams inline whenever that needs no waiting.
+"""The faust transport memproj's apps run on: faust's aiokafka transport, reading committed
+data only (``ReadCommittedConsumerThread``), with each fetched message handed to the agents'
+streams inline whenever that needs no waiting.
 
 Faust's drain loop delivers every message through
 ``consumer.wait_first(callback(message), consumer.suspend_flow.wait())``: the delivery is
@@ -28,11 +29,12 @@ import contextvars
 import functools
 import inspect
 import types
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 import faust
 from faust.transport.drivers import aiokafka
+from faust.types import TP, Message
 from mode.services import WaitArgT, WaitResults
 from mode.utils.times import Seconds
 
@@ -100,7 +102,56 @@ def _close_unstarted(coros: Sequence[WaitArgT]) -> None:
             other.close()  # never started: nothing to wait for or clean up
 
 
+READ_COMMITTED = "read_committed"
+
+
+class ReadCommittedConsumerThread(aiokafka.AIOKafkaConsumerThread):
+    """faust's aiokafka consumer thread, reading committed data only (contract 1.1: an aborted
+    transaction's events are never applied).
+
+    faust reads with ``read_committed`` only in exactly-once mode (``processing_guarantee``),
+    which would also make every commit transactional: memproj does not use it. faust has no
+    setting for the isolation level and passes no extra arguments to ``AIOKafkaConsumer``, so
+    the level is set on the consumer faust built, before it starts: ``AIOKafkaConsumer``
+    keeps its constructor argument as ``_isolation_level`` and hands it to its fetcher in
+    ``start()`` (which rejects an unknown value). The attribute is checked first, so an aiokafka
+    that renames it fails here instead of silently reading uncommitted data.
+    """
+
+    def _create_worker_consumer(self, transport: aiokafka.Transport) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        if getattr(consumer, "_isolation_level", None) not in ("read_uncommitted", READ_COMMITTED):
+            raise RuntimeError(
+                "aiokafka.AIOKafkaConsumer no longer keeps its isolation level in"
+                " _isolation_level: memproj cannot make it read committed data only"
+            )
+        consumer._isolation_level = READ_COMMITTED
+        return consumer
+
+
 class InlineDeliveryConsumer(aiokafka.Consumer):
+    def _new_consumer_thread(self) -> ReadCommittedConsumerThread:
+        return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:  # noqa: ASYNC109  # faust's signature
+        """faust's messages, with the one offset gap faust misses recorded first.
+
+        Transactions leave offsets a consumer never receives: their markers (at any isolation
+        level) and, read committed, aborted messages. faust commits an offset only past
+        consecutive acknowledged offsets, so its drain loop records such a gap when a
+        message's offset jumps past the previous one's, but only if that one's offset is
+        truthy (``if gap > 1 and r_offset``): after a message at offset 0 the gap is never
+        recorded, and the partition's committed offset stays at 1 for good (its consumer
+        lag never reaches 0). This records that gap exactly as faust records the others,
+        before the drain loop sees the message (it reads the previous offset the same way).
+        """
+        read_offset = self._read_offset
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        async for tp, message in super().getmany(timeout):
+            if read_offset[tp] == 0 and message.offset > 1 and acks_enabled_for(message.topic):
+                await self._add_gap(tp, 1, message.offset)
+            yield tp, message
+
     # The signature is mode's, timeout included.
     async def wait_first(self, *coros: WaitArgT, timeout: Seconds = None) -> WaitResults:  # type: ignore[assignment]  # noqa: ASYNC109
         first = coros[0] if coros else None

@@ -36,13 +36,15 @@ from projections.memory.projection import MemoryProjection
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer
-from streams.agents.cache import add_cache_freshness_agent
-from streams.agents.index import EmbeddingsIndexer, add_index_agent
-from streams.agents.projection import add_projection_agent
-from streams.agents.tombstones import TombstoneHandler, add_tombstone_agent
+from streams.agents.cache import CacheFreshness
+from streams.agents.index import EmbeddingsIndexer
+from streams.agents.source import add_batch_agent
+from streams.agents.tombstones import TombstoneHandler
 from streams.app import build_app
+from streams.isolation import Isolation
 from streams.kafka import KafkaPublisher
 from streams.lag import LagCollector
+from streams.loop import BatchHandler, BatchLoop
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.monitoring import MonitorService
@@ -106,6 +108,20 @@ def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources
     return Resources(build_app(settings, kind), pool, publisher, services)
 
 
+def add_agent(
+    settings: Settings,
+    metrics: Metrics,
+    app: faust.App,
+    agent_name: str,
+    topic_names: list[str],
+    handler: BatchHandler,
+) -> None:
+    """Every agent: the shared batch loop, with its own breaker, on ``topic_names``."""
+    isolation = Isolation(settings.breaker.breaker(handler.name), metrics)
+    loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, app.crash)
+    add_batch_agent(app, agent_name, topic_names, loop)
+
+
 def build_projection_worker(
     settings: Settings,
     metrics: Metrics,
@@ -121,13 +137,15 @@ def build_projection_worker(
         settings.topics,
         metrics,
         failpoint=settings.failpoint,
+        outbox_drain_max_bytes=settings.batch_max_bytes,
     )
-    add_projection_agent(
+    add_agent(
+        settings,
+        metrics,
         parts.app,
+        f"{projection.name}-projection",
         [settings.topics.name(spec) for spec in projection.input_specs],
         runner,
-        settings.batch_max_events,
-        settings.batch_max_wait_seconds,
     )
     services = [*parts.services, OutboxService(runner), *extra_services(parts)]
     return WorkerParts(parts.app, services, metrics)
@@ -145,13 +163,14 @@ def build_sealer_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     return build_projection_worker(settings, metrics, sealer)
 
 
-def memory_projection(settings: Settings) -> MemoryProjection:
+def memory_projection(settings: Settings, metrics: Metrics | None = None) -> MemoryProjection:
     return MemoryProjection(
         default_schemas(),
         settings.topics,
         settings.max_memory_value_bytes,
         timedelta(seconds=settings.deletion_deadline_seconds),
         key_store(settings),
+        metrics,
     )
 
 
@@ -162,7 +181,7 @@ def conversation_projection(settings: Settings, metrics: Metrics) -> Conversatio
 
 
 def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_projection_worker(settings, metrics, memory_projection(settings))
+    return build_projection_worker(settings, metrics, memory_projection(settings, metrics))
 
 
 def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
@@ -221,7 +240,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
             writes,
         )
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-        add_index_agent(parts.app, feeds, indexer)
+        add_agent(settings, metrics, parts.app, "embeddings-index", feeds, indexer)
     elif store == "cache":
         cache = RedisCache(
             connect_redis(settings.redis_url),
@@ -229,13 +248,22 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
             settings.cache_namespace,
         )
         derived = CacheStore(cache)
-        add_cache_freshness_agent(parts.app, settings.topics.name(MEMORY_CURRENT), cache)
+        freshness = CacheFreshness(cache, parts.publisher)
+        add_agent(
+            settings,
+            metrics,
+            parts.app,
+            "cache-freshness",
+            [settings.topics.name(MEMORY_CURRENT)],
+            freshness,
+        )
     elif store == "summaries":
         derived = ConversationTableStore("summaries", "conversation_summaries", parts.pool)
     else:
         derived = ConversationTableStore("context", "conversation_context", parts.pool)
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
-    add_tombstone_agent(parts.app, settings.topics.name(DELETION_TOMBSTONES), handler)
+    tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
+    add_agent(settings, metrics, parts.app, handler.name, tombstones, handler)
     return WorkerParts(parts.app, parts.services, metrics)
 
 

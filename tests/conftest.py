@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
-from streams.kafka import create_topics, delete_topics, producer_config
+from streams.kafka import admin_config, create_topics, delete_topics, producer_config
 from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
 from streams.settings import Settings
@@ -75,7 +75,7 @@ def stack() -> Settings:
     """Fails (never skips) when a service of ops/stack is not answering."""
     problems = []
     try:
-        AdminClient({"bootstrap.servers": BASE.kafka_bootstrap}).list_topics(timeout=10)
+        AdminClient(admin_config(BASE.kafka_bootstrap)).list_topics(timeout=10)
     except Exception as exc:
         problems.append(f"Kafka at {BASE.kafka_bootstrap}: {exc}")
     try:

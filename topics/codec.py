@@ -29,6 +29,28 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
+# Deepest nesting of arrays and objects an event may hold. JSON libraries stop at a few hundred
+# levels (orjson writes at most 254), and a fact or a tool call needs a handful.
+MAX_NESTING = 64
+
+
+def _nesting(value: Any) -> int:
+    """How deep ``value`` nests, walked without recursion (it may be deeper than Python's
+    stack allows)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_NESTING:
+            pending.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 class InvalidMessage(ValueError):
     def __init__(self, code: DeadLetterReason, detail: str) -> None:
         super().__init__(f"{code.value}: {detail}")
@@ -82,6 +104,9 @@ class EventCodec:
         key_text = self._decode_key(key)
         if value is None:
             raise InvalidMessage(DeadLetterReason.EMPTY_VALUE, "the message has no value")
+        # Only a value with that many brackets can nest that deep: most are never walked.
+        if value.count(b"[") + value.count(b"{") > MAX_NESTING:
+            self._check_nesting(value)
         event = self._decode_current(value)
         if event is None:
             event = self._decode_slow(value)
@@ -128,6 +153,18 @@ class EventCodec:
             return schema.model.model_validate_json(orjson.dumps(raw))
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, _describe(exc)) from exc
+
+    @staticmethod
+    def _check_nesting(value: bytes) -> None:
+        try:
+            raw = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessage(DeadLetterReason.MALFORMED_JSON, str(exc)) from exc
+        if _nesting(raw) > MAX_NESTING:
+            raise InvalidMessage(
+                DeadLetterReason.INVALID_EVENT,
+                f"the event nests arrays and objects deeper than {MAX_NESTING} levels",
+            )
 
     @staticmethod
     def _decode_key(key: bytes | None) -> str:

@@ -33,8 +33,18 @@ class MemoryCorrectedPayload(Wire):
     value: dict[str, Any]
     source: Source
     observed_at: Timestamp
+    # Omitted keeps the memory's current expiry; an explicit null removes it (contract 1.1).
+    # ``expiry_given`` tells the two apart: never read ``expires_at`` alone.
     expires_at: Timestamp | None = None
     verification: Identifier | None = None
+
+    @property
+    def expiry_given(self) -> bool:
+        """Whether the correction says anything about expiry: ``expires_at`` was present,
+        as a timestamp or as null. Known from pydantic's ``model_fields_set``, so it holds
+        for an event validated from JSON as for one built in Python; whatever re-serialises
+        an event must keep an omitted field omitted (the sealer writes ``exclude_unset``)."""
+        return "expires_at" in self.model_fields_set
 
 
 class MemoryRevokedPayload(Wire):

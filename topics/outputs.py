@@ -109,6 +109,10 @@ class DeadLetterReason(StrEnum):
     # Valid under the contract, but PostgreSQL or Kafka cannot hold it (a NUL character, an
     # index entry or an output message over its size limit).
     UNSTORABLE = "unstorable"
+    # Valid as far as decoding can tell, but applying it raised an error that is neither
+    # transient nor about the environment: a bug this one message hits (the error names the
+    # stage and the exception). Replayable once the bug is fixed.
+    PROCESSING_FAILED = "processing_failed"
 
 
 class DeadLetter(Frozen):

@@ -191,10 +191,18 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REJECTIONS,
     CONVERSATION_MESSAGES,
     DELETION_REJECTIONS,
-    # Internal topics get dead-letter topics too: a worker never crashes on a bad message.
+    # Every topic a worker consumes gets a dead-letter topic, memproj's own outputs too: a
+    # worker never stops on a bad message, whoever wrote it.
     *(
         _dead_letter(spec)
-        for spec in (*INPUT_TOPICS, *SEALED_TOPICS, DELETION_TOMBSTONES, DELETION_ACKS)
+        for spec in (
+            *INPUT_TOPICS,
+            *SEALED_TOPICS,
+            DELETION_TOMBSTONES,
+            DELETION_ACKS,
+            MEMORY_CURRENT,
+            CONVERSATION_MESSAGES,
+        )
     ),
 )
 

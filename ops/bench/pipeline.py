@@ -18,7 +18,7 @@ from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
 
-from streams.kafka import producer_config
+from streams.kafka import admin_config, producer_config
 from streams.progress import wait_caught_up, wait_pipeline
 from streams.settings import Settings
 from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
@@ -129,7 +129,7 @@ class Workers:
         partitions. The first worker to join can apply the warm-up batch while a second is
         still joining: a rebalance left pending would otherwise happen inside a timed stage
         (or, for paused workers, right after they resume)."""
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        admin = AdminClient(admin_config(self.settings.kafka_bootstrap))
         group = self.settings.group_id(kind)
         deadline = time.monotonic() + deadline_seconds
         while True:

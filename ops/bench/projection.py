@@ -51,7 +51,7 @@ from pipeline import projection_apply, stages_alone  # ops/bench/pipeline.py
 
 from projections.memory.reducer import reduce_batch
 from projections.migrate import migrate
-from streams.kafka import create_topics, delete_topics
+from streams.kafka import consumer_config, create_topics, delete_topics
 from streams.progress import end_offsets
 from streams.replay import replay_projection
 from streams.runtime import tune_garbage_collection
@@ -98,11 +98,10 @@ def raw_consume(settings: Settings, count: int) -> float:
     topic = settings.topics.name(MEMORY_EVENTS)
     ends = end_offsets(settings.kafka_bootstrap, topic)
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
+        consumer_config(
+            settings.kafka_bootstrap,
+            **{"group.id": f"bench-raw-{uuid.uuid4().hex}", "enable.auto.commit": False},
+        )
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     seen = 0

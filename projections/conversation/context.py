@@ -13,13 +13,18 @@ From a conversation's messages (already redacted) and its latest summary:
   tool_use is never separated from its tool_result.
 
 Selecting the view deletes nothing: it is recomputed from the stored messages.
+
+``build_context`` defines the view from all of a conversation's messages. ``advance_context``
+gives the same view without them: from the active turn, the newest finished turns that fit the
+budget and a ``TurnIndex`` of counts, so that a batch costs what the budget and the batch hold,
+not what the conversation has accumulated (the tests check it against ``build_context``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import orjson
 
@@ -238,3 +243,280 @@ def build_context(
 def _position(messages: Sequence[MessageRecord]) -> Any:
     order = {message.message_id: message.seq for message in messages}
     return lambda item: -1 if item.message_id is None else order[item.message_id]
+
+
+# -- the bounded rebuild -------------------------------------------------------------------
+#
+# Why it is the same view. Call a message a turn start as ``split_turns`` decides it over all
+# the messages. If ``c`` is a turn start, ``split_turns(messages)`` is the turns before ``c``
+# followed by ``split_turns`` of the messages from ``c`` on: a start at ``c`` means every
+# tool_use before ``c`` had its last result before ``c`` (or none), so nothing before ``c``
+# reaches past it, and nothing from ``c`` on reaches back. Appending messages keeps ``c`` a
+# start unless one of them is a tool result for a tool_use id used before ``c`` (the caller
+# checks that; ``resumes``). So with ``c`` the start of the active turn, the finished turns
+# before ``c`` never change: their number, the empty first turn, which messages they keep
+# (marked with their turn number in the store) and, for an unchanged summary, how many it
+# covers are kept in a ``TurnIndex``; only the messages from ``c`` on are read again.
+#
+# The budget drops whole units oldest first, so it keeps the longest run of newest units
+# that fits: the view needs the active turn's units, then finished turns newest first until
+# one does not fit (or none is left that the summary does not cover), then the summary.
+
+HISTORY_PAGE = 32  # finished turns read at a time, doubling while the budget has room
+
+
+class StaleTurnIndex(RuntimeError):
+    """A ``TurnIndex`` that does not match the stored turns: rebuild from every message."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnIndex:
+    """What the rebuild of a view keeps of the turns before the active one.
+
+    Every field is a function of the messages and the latest summary, never of how they were
+    batched, so a replayed projection holds the same index as the live one.
+    """
+
+    through_seq: int = 0  # the last message it covers (0: none)
+    through_event_id: str | None = None  # ... and its event, which no other message has
+    active_seq: int = 1  # where the active turn starts
+    finished: int = 0  # finished turns
+    empty_first: bool = False  # the first turn is finished and keeps no item
+    summary_version: int | None = None  # the summary ``summarised`` was counted under
+    summarised: int = 0  # finished turns that summary covers
+
+    @classmethod
+    def start(cls, messages: Sequence[MessageRecord]) -> TurnIndex:
+        """The index before any message: the rebuild then reads all of ``messages``."""
+        return cls(active_seq=messages[0].seq if messages else 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> TurnIndex | None:
+        """The stored index, or None when there is none or it is not one."""
+        if not isinstance(value, dict) or set(value) != set(cls.__dataclass_fields__):
+            return None
+        ints = ("through_seq", "active_seq", "finished", "summarised")
+        if not all(type(value[name]) is int for name in ints):
+            return None
+        if type(value["empty_first"]) is not bool:
+            return None
+        if not (value["through_event_id"] is None or isinstance(value["through_event_id"], str)):
+            return None
+        if not (value["summary_version"] is None or type(value["summary_version"]) is int):
+            return None
+        return cls(**value)
+
+
+class FinishedTurns(Protocol):
+    """The finished turns before a ``TurnIndex``'s active turn, as the store holds them."""
+
+    async def kept(self, first: int, last: int) -> Sequence[tuple[int, MessageRecord]]:
+        """The messages that finished turns ``first`` to ``last`` keep, with their turn."""
+        ...
+
+    async def keeping(self, among: Collection[str], last: int) -> Sequence[tuple[int, str]]:
+        """(turn, message_id) of every message kept by the finished turns up to ``last``
+        that keep one of the messages ``among``."""
+        ...
+
+    async def sources(self, summary_version: int) -> frozenset[str] | None:
+        """The messages a summary of this conversation was built from (None: not stored)."""
+        ...
+
+
+class NoFinishedTurns:
+    """For a rebuild from every message: there is nothing before them."""
+
+    async def kept(self, first: int, last: int) -> Sequence[tuple[int, MessageRecord]]:
+        raise StaleTurnIndex("no finished turns before the first message")
+
+    async def keeping(self, among: Collection[str], last: int) -> Sequence[tuple[int, str]]:
+        raise StaleTurnIndex("no finished turns before the first message")
+
+    async def sources(self, summary_version: int) -> frozenset[str] | None:
+        return None
+
+
+async def _summarised_before(
+    index: TurnIndex, covered: frozenset[str], history: FinishedTurns
+) -> int:
+    """How many of the turns finished before ``index``'s active turn a new summary, built
+    from ``covered``, covers. A summary usually extends the one before: then only the turns
+    that keep a message new to it are looked at, else every turn that keeps one of its."""
+    previous: frozenset[str] | None = frozenset()
+    if index.summary_version is not None:
+        previous = await history.sources(index.summary_version)
+    if previous is not None and previous <= covered:
+        # Every turn the previous summary covered, this one covers too.
+        found = index.summarised + int(bool(covered) and not previous and index.empty_first)
+        among: Collection[str] = covered - previous
+    else:
+        found, among = int(bool(covered) and index.empty_first), covered
+    if among and index.finished:
+        turns: dict[int, bool] = {}
+        for turn, message_id in await history.keeping(among, index.finished):
+            turns[turn] = turns.get(turn, True) and message_id in covered
+        found += sum(turns.values())
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Advanced:
+    view: ContextView
+    index: TurnIndex
+    # (message_id, turn) for the turns this rebuild saw finish: the messages each keeps.
+    marks: list[tuple[str, int]] = field(default_factory=list)
+
+
+def new_tool_results(index: TurnIndex, tail: Iterable[MessageRecord]) -> set[str]:
+    """The tool_use ids the messages after ``index`` answer."""
+    return {
+        block["tool_use_id"]
+        for message in tail
+        if message.seq > index.through_seq
+        for block in message.content
+        if block["type"] == "tool_result"
+    }
+
+
+def resumes(index: TurnIndex, tail: Sequence[MessageRecord], earlier_uses: Iterable[int]) -> bool:
+    """Whether ``advance_context`` may go on from ``index`` with ``tail`` (the messages from
+    ``index.active_seq`` on). ``earlier_uses`` are the seqs of the messages holding a tool_use
+    whose id ``new_tool_results`` holds: one before the active turn would reopen finished
+    turns."""
+    if index.through_seq == 0:
+        if index.active_seq != 1 or index.finished or index.empty_first:
+            return False
+    else:
+        if not tail or tail[0].seq != index.active_seq:
+            return False
+        through = next((m for m in tail if m.seq == index.through_seq), None)
+        if through is None or through.event_id != index.through_event_id:
+            return False  # another incarnation of the conversation: deleted and begun again
+    return all(seq >= index.active_seq for seq in earlier_uses)
+
+
+def _kept_messages(turn: list[MessageRecord]) -> list[MessageRecord]:
+    """The messages a finished turn keeps: its question, and its final answer (``_finished_turn``
+    makes them text-only items)."""
+    kept = [turn[0]] if _asks(turn[0]) else []
+    answers = [m for m in turn if m.role == "assistant" and _texts(m)]
+    return kept + answers[-1:]
+
+
+def _items_of(kept: Iterable[MessageRecord]) -> list[tuple[int, ContextItem]]:
+    return [(m.seq, ContextItem(m.role, _texts(m), m.message_id)) for m in kept]
+
+
+async def advance_context(
+    index: TurnIndex,
+    tail: Sequence[MessageRecord],
+    summary: SummaryRecord | None,
+    settings: ContextSettings,
+    history: FinishedTurns,
+    page: int = HISTORY_PAGE,
+) -> Advanced:
+    """``build_context`` of the whole conversation, from ``tail`` (its messages from
+    ``index.active_seq`` on, in order) and what ``index`` and ``history`` hold of the turns
+    before; the caller has checked ``resumes``. Raises ``StaleTurnIndex`` when ``history``
+    does not hold the turns ``index`` counts."""
+    turns = split_turns(tail)
+    closing, active = turns[:-1], (turns[-1] if turns else [])
+    kept_of = [_kept_messages(turn) for turn in closing]
+    finished = index.finished + len(closing)
+    empty_first = index.empty_first or (index.finished == 0 and bool(kept_of) and not kept_of[0])
+    covered = frozenset(summary.source_message_ids) if summary is not None else frozenset()
+
+    def is_summarised(kept: list[MessageRecord]) -> bool:
+        # As build_context: a turn that keeps nothing counts as summarised by any summary.
+        return bool(covered) and all(m.message_id in covered for m in kept)
+
+    version = summary.summary_version if summary is not None else None
+    if version == index.summary_version:
+        summarised = index.summarised
+    else:
+        summarised = await _summarised_before(index, covered, history)
+    summarised += sum(is_summarised(kept) for kept in kept_of)
+    # The finished turns that are units of the view.
+    units_finished = finished - (summarised if covered else int(empty_first))
+
+    omissions = _Omissions()
+    active_units = _active_units(active, settings, omissions) if active else []
+    seq_of = {m.message_id: m.seq for m in active}
+    kept_items: list[tuple[int, ContextItem]] = []
+    total = kept_units = 0
+
+    def take(unit: list[tuple[int, ContextItem]]) -> bool:
+        nonlocal total, kept_units
+        tokens = sum(item.tokens() for _, item in unit)
+        if total + tokens > settings.budget_tokens:
+            return False
+        total += tokens
+        kept_units += 1
+        kept_items.extend(unit)
+        return True
+
+    room = all(
+        take([(seq_of[item.message_id or ""], item) for item in unit])
+        for unit in reversed(active_units)
+    )
+    remaining = units_finished
+    for kept in reversed(kept_of):
+        if not (room and remaining):
+            break
+        if kept and not is_summarised(kept):
+            remaining -= 1
+            room = take(_items_of(kept))
+    # Pages of turns newest first: as many as there are turns left to show, at first (after
+    # a summary of all but the newest turns, those are the ones), then twice as many each
+    # time summarised turns come between.
+    last, page = index.finished, min(page, remaining)
+    while room and remaining:
+        if last < 1:
+            raise StaleTurnIndex(f"{remaining} finished turns are missing from the store")
+        first = max(1, last - page + 1)
+        by_turn: dict[int, list[MessageRecord]] = {}
+        for turn, message in await history.kept(first, last):
+            by_turn.setdefault(turn, []).append(message)
+        for turn in range(last, first - 1, -1):
+            kept = sorted(by_turn.get(turn, []), key=lambda m: m.seq)
+            if kept and not is_summarised(kept):
+                remaining -= 1
+                room = take(_items_of(kept))
+                if not (room and remaining):
+                    break
+        last, page = first - 1, page * 2
+    if room and summary is not None:
+        take([(-1, ContextItem("summary", ({"type": "text", "text": summary.text},)))])
+
+    all_units = int(summary is not None) + units_finished + len(active_units)
+    kept_items.sort(key=lambda pair: pair[0])
+    view = ContextView(
+        items=tuple(item for _, item in kept_items),
+        token_estimate=total,
+        budget_tokens=settings.budget_tokens,
+        finished_turns=finished,
+        summarised_turns=summarised,
+        omitted_tool_results=omissions.count,
+        dropped_units=all_units - kept_units,
+        summary_version=version,
+        through_message_id=tail[-1].message_id if tail else None,
+    )
+    advanced = TurnIndex(
+        through_seq=tail[-1].seq if tail else 0,
+        through_event_id=tail[-1].event_id if tail else None,
+        active_seq=active[0].seq if active else index.active_seq,
+        finished=finished,
+        empty_first=empty_first,
+        summary_version=version,
+        summarised=summarised,
+    )
+    marks = [
+        (m.message_id, index.finished + number)
+        for number, kept in enumerate(kept_of, start=1)
+        for m in kept
+    ]
+    return Advanced(view, advanced, marks)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, replace
-from typing import Protocol
 
 import orjson
 
@@ -19,6 +18,7 @@ from projections.conversation.reducer import (
 )
 from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
+from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec
@@ -33,10 +33,6 @@ from topics.registry import (
     entity_key,
 )
 from topics.schemas import SchemaRegistry
-
-
-class RedactionObserver(Protocol):
-    def redacted(self, kind: str, count: int) -> None: ...
 
 
 class ConversationProjection:

@@ -14,7 +14,6 @@ from datetime import datetime
 from functools import singledispatch
 from typing import Any
 
-from projections.conversation.redaction import Redactions, redact_text, redact_value
 from projections.deletion.erasure import (
     NO_ERASURES,
     EntityKey,
@@ -29,6 +28,7 @@ from projections.idempotency import (
     ProcessedEvent,
     Seen,
 )
+from projections.redaction import Redactions, redact_text, redact_value
 from topics.conversation import (
     ContentBlock,
     ConversationEvent,

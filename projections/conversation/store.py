@@ -3,7 +3,7 @@ behind ``memproj conversation ...``. Every read takes the tenant."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -11,7 +11,15 @@ import orjson
 from psycopg.rows import dict_row
 
 from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
-from projections.conversation.context import ContextSettings, build_context
+from projections.conversation.context import (
+    ContextSettings,
+    NoFinishedTurns,
+    StaleTurnIndex,
+    TurnIndex,
+    advance_context,
+    new_tool_results,
+    resumes,
+)
 from projections.conversation.reducer import (
     BatchResult,
     ConversationKey,
@@ -40,7 +48,7 @@ SUMMARY_FIELDS = (
 )  # fmt: skip
 CONTEXT_FIELDS = (
     "tenant_id", "conversation_id", "owner_type", "owner_id", "view", "token_estimate",
-    "budget_tokens", "through_message_id", "built_at",
+    "budget_tokens", "through_message_id", "built_at", "turn_index",
 )  # fmt: skip
 
 
@@ -101,7 +109,17 @@ def _summary_row(s: SummaryRecord) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-async def save_batch(conn: Conn, result: BatchResult, context: ContextSettings) -> None:
+@dataclass(slots=True)
+class ContextStats:
+    """What rebuilding the context views of a batch read."""
+
+    rows_read: int = 0  # message rows read (from the active turns, kept items, summaries)
+    full_rebuilds: int = 0  # conversations rebuilt from all their messages
+
+
+async def save_batch(
+    conn: Conn, result: BatchResult, context: ContextSettings
+) -> ContextStats | None:
     if result.records:
         staging = await staging_table(conn, "conversations")
         await copy_rows(
@@ -127,26 +145,61 @@ async def save_batch(conn: Conn, result: BatchResult, context: ContextSettings) 
             conn, "conversation_summaries", SUMMARY_FIELDS, map(_summary_row, result.summaries)
         )
     if result.records:
-        await rebuild_context(conn, list(result.records), context)
+        return await rebuild_context(conn, list(result.records), context)
+    return None
 
 
 async def rebuild_context(
     conn: Conn, keys: Sequence[ConversationKey], settings: ContextSettings
-) -> None:
-    """Recompute the context view of ``keys`` from their stored messages and latest summary."""
+) -> ContextStats:
+    """Recompute the context view of ``keys`` from their active turn, the newest finished
+    turns that fit the budget and the stored ``TurnIndex`` (``context.advance_context``), or
+    from all their messages when the index is missing or no longer holds (the first batch
+    after the upgrade, a conversation begun again, a tool result that reopens a finished
+    turn). Either way the view is ``build_context`` of every message and the latest summary.
+    """
+    stats = ContextStats()
     if not keys:
-        return
+        return stats
     keys_param = _keys(keys)
-    messages = await _messages(conn, keys_param)
-    summaries = await _latest_summaries(conn, keys_param)
     owners = await _owners(conn, keys_param)
-    rows = []
-    for key in sorted(set(keys)):
-        if key not in owners:
-            continue
-        conversation_messages = messages.get(key, [])
-        view = build_context(conversation_messages, summaries.get(key), settings)
+    wanted = [key for key in sorted(set(keys)) if key in owners]
+    if not wanted:
+        return stats
+    keys_param = _keys(wanted)
+    summaries = await _latest_summaries(conn, keys_param)
+    indexes = await _turn_indexes(conn, keys_param)
+    tails = await _tails(conn, {key: _resume_seq(indexes.get(key)) for key in wanted})
+    stats.rows_read += sum(len(tail) for tail in tails.values()) + len(summaries)
+    answered = {
+        key: ids
+        for key, index in indexes.items()
+        if index.active_seq > 1 and (ids := new_tool_results(index, tails.get(key, [])))
+    }
+    earlier_uses = await _tool_uses(conn, answered)
+    stats.rows_read += sum(len(seqs) for seqs in earlier_uses.values())
+    history = _FinishedTurns(conn, stats)
+    rows: list[list[Any]] = []
+    marks: list[tuple[str, ...]] = []  # (tenant_id, conversation_id, message_id, turn)
+    unmarked: list[ConversationKey] = []  # rebuilt from every message: marks rewritten
+    for key in wanted:
+        tail, summary, index = tails.get(key, []), summaries.get(key), indexes.get(key)
+        advanced = None
+        if index is not None and resumes(index, tail, earlier_uses.get(key, ())):
+            try:
+                advanced = await advance_context(index, tail, summary, settings, history.of(key))
+            except StaleTurnIndex:
+                advanced = None
+        if advanced is None:
+            messages = tail if _resume_seq(index) == 1 else await _all_messages(conn, key, stats)
+            stats.full_rebuilds += 1
+            unmarked.append(key)
+            advanced = await advance_context(
+                TurnIndex.start(messages), messages, summary, settings, NoFinishedTurns()
+            )
+        marks.extend((*key, message_id, str(turn)) for message_id, turn in advanced.marks)
         owner_type, owner_id, built_at = owners[key]
+        view = advanced.view
         rows.append(
             [
                 *key,
@@ -157,32 +210,161 @@ async def rebuild_context(
                 view.budget_tokens,
                 view.through_message_id,
                 built_at,
+                _json(advanced.index.to_json()),
             ]
         )
-    if not rows:
-        return
+    for tenant_id, conversation_id in unmarked:  # rare: a statement each is fine
+        await conn.execute(
+            "UPDATE conversation_messages SET context_turn = NULL WHERE tenant_id = %s"
+            " AND conversation_id = %s AND context_turn IS NOT NULL",
+            (tenant_id, conversation_id),
+        )
+    if marks:
+        await conn.execute(
+            "UPDATE conversation_messages m SET context_turn = k.turn::integer"
+            f" FROM {keyset('tenant_id', 'conversation_id', 'message_id', 'turn')}"
+            " WHERE m.tenant_id = k.tenant_id AND m.conversation_id = k.conversation_id"
+            " AND m.message_id = k.message_id",
+            (keyset_param(marks),),
+        )
     staging = await staging_table(conn, "conversation_context")
     await copy_rows(conn, staging, CONTEXT_FIELDS, rows)
+    columns = ", ".join(CONTEXT_FIELDS)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in CONTEXT_FIELDS[4:])
     await conn.execute(
-        f"INSERT INTO conversation_context SELECT * FROM {staging}"
+        f"INSERT INTO conversation_context ({columns}) SELECT {columns} FROM {staging}"
         f" ON CONFLICT (tenant_id, conversation_id) DO UPDATE SET {updates}".encode()
     )
+    return stats
 
 
-async def _messages(conn: Conn, keys_param: str) -> dict[ConversationKey, list[MessageRecord]]:
+def _resume_seq(index: TurnIndex | None) -> int:
+    """The first message the rebuild reads: the active turn's, or the first of all."""
+    return index.active_seq if index is not None else 1
+
+
+async def _turn_indexes(conn: Conn, keys_param: str) -> dict[ConversationKey, TurnIndex]:
+    cursor = await conn.execute(
+        "SELECT tenant_id, conversation_id, turn_index FROM conversation_context"
+        f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)",
+        (keys_param,),
+    )
+    found = {}
+    for tenant_id, conversation_id, value in await cursor.fetchall():
+        index = TurnIndex.from_json(value)
+        if index is not None:
+            found[(tenant_id, conversation_id)] = index
+    return found
+
+
+async def _tails(
+    conn: Conn, starts: dict[ConversationKey, int]
+) -> dict[ConversationKey, list[MessageRecord]]:
+    """Each conversation's messages from the given seq on, in order: a range of the
+    (tenant_id, conversation_id, seq) index per conversation (``OFFSET 0`` keeps the planner
+    from turning the lateral join into a hash join over the whole table)."""
     found: dict[ConversationKey, list[MessageRecord]] = {}
+    if not starts:
+        return found
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            f"SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages"
-            f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)"
-            " ORDER BY tenant_id, conversation_id, seq",
-            (keys_param,),
+            f"SELECT {', '.join(f'm.{f}' for f in MESSAGE_FIELDS)}"
+            f" FROM {keyset('tenant_id', 'conversation_id', 'from_seq')} CROSS JOIN LATERAL ("
+            f" SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages c"
+            " WHERE c.tenant_id = k.tenant_id AND c.conversation_id = k.conversation_id"
+            " AND c.seq >= k.from_seq::integer ORDER BY c.seq OFFSET 0) AS m",
+            (keyset_param((*key, str(seq)) for key, seq in sorted(starts.items())),),
         )
         for row in await cursor.fetchall():
             message = _message_from_row(row)
             found.setdefault((message.tenant_id, message.conversation_id), []).append(message)
     return found
+
+
+async def _all_messages(
+    conn: Conn, key: ConversationKey, stats: ContextStats
+) -> list[MessageRecord]:
+    messages = (await _tails(conn, {key: 1})).get(key, [])
+    stats.rows_read += len(messages)
+    return messages
+
+
+async def _tool_uses(
+    conn: Conn, answered: dict[ConversationKey, set[str]]
+) -> dict[ConversationKey, list[int]]:
+    """The seqs of the messages holding a tool_use with one of the given ids, per
+    conversation: one index lookup (``conversation_tool_use_keys``) for every id."""
+    found: dict[ConversationKey, list[int]] = {}
+    if not answered:
+        return found
+    wanted = [
+        [*key, [{"type": "tool_use", "id": tool_id} for tool_id in sorted(ids)]]
+        for key, ids in sorted(answered.items())
+    ]
+    cursor = await conn.execute(
+        "SELECT tenant_id, conversation_id, seq FROM conversation_messages"
+        " WHERE conversation_tool_use_keys(tenant_id, conversation_id, content) && ("
+        "  SELECT array_agg(key) FROM jsonb_array_elements(%s::jsonb) AS r,"
+        "  unnest(conversation_tool_use_keys(r->>0, r->>1, r->2)) AS key)",
+        (_json(wanted),),
+    )
+    for tenant_id, conversation_id, seq in await cursor.fetchall():
+        found.setdefault((tenant_id, conversation_id), []).append(seq)
+    return found
+
+
+class _FinishedTurns:
+    """``context.FinishedTurns`` over the ``context_turn`` marks, counting what it reads."""
+
+    def __init__(self, conn: Conn, stats: ContextStats) -> None:
+        self._conn = conn
+        self._stats = stats
+        self._key: ConversationKey = ("", "")
+
+    def of(self, key: ConversationKey) -> _FinishedTurns:
+        self._key = key
+        return self
+
+    async def kept(self, first: int, last: int) -> list[tuple[int, MessageRecord]]:
+        async with self._conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(
+                f"SELECT context_turn, {', '.join(MESSAGE_FIELDS)} FROM conversation_messages"
+                " WHERE tenant_id = %s AND conversation_id = %s"
+                " AND context_turn BETWEEN %s AND %s",
+                (*self._key, first, last),
+            )
+            rows = await cursor.fetchall()
+        self._stats.rows_read += len(rows)
+        return [(row.pop("context_turn"), _message_from_row(row)) for row in rows]
+
+    async def keeping(self, among: Collection[str], last: int) -> list[tuple[int, str]]:
+        cursor = await self._conn.execute(
+            "SELECT context_turn, message_id FROM conversation_messages"
+            " WHERE tenant_id = %(tenant)s AND conversation_id = %(conversation)s"
+            " AND context_turn BETWEEN 1 AND %(last)s AND context_turn IN ("
+            "  SELECT context_turn FROM conversation_messages"
+            "  WHERE tenant_id = %(tenant)s AND conversation_id = %(conversation)s"
+            "  AND message_id = ANY(%(among)s) AND context_turn IS NOT NULL)",
+            {
+                "tenant": self._key[0],
+                "conversation": self._key[1],
+                "among": sorted(among),
+                "last": last,
+            },
+        )
+        rows = [(int(turn), str(message_id)) for turn, message_id in await cursor.fetchall()]
+        self._stats.rows_read += len(among) + len(rows)
+        return rows
+
+    async def sources(self, summary_version: int) -> frozenset[str] | None:
+        cursor = await self._conn.execute(
+            "SELECT source_message_ids FROM conversation_summaries"
+            " WHERE tenant_id = %s AND conversation_id = %s AND summary_version = %s",
+            (*self._key, summary_version),
+        )
+        row = await cursor.fetchone()
+        self._stats.rows_read += 1
+        return None if row is None else frozenset(row[0])
 
 
 def _message_from_row(row: dict[str, Any]) -> MessageRecord:
@@ -194,12 +376,15 @@ def _summary_from_row(row: dict[str, Any]) -> SummaryRecord:
 
 
 async def _latest_summaries(conn: Conn, keys_param: str) -> dict[ConversationKey, SummaryRecord]:
+    # The newest version only, one index probe per conversation: every summary names all the
+    # messages it was built from, so reading them all would grow with the conversation.
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            f"SELECT DISTINCT ON (tenant_id, conversation_id) {', '.join(SUMMARY_FIELDS)}"
-            " FROM conversation_summaries"
-            f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)"
-            " ORDER BY tenant_id, conversation_id, summary_version DESC",
+            f"SELECT {', '.join(f's.{f}' for f in SUMMARY_FIELDS)}"
+            f" FROM {keyset('tenant_id', 'conversation_id')} CROSS JOIN LATERAL ("
+            f" SELECT {', '.join(SUMMARY_FIELDS)} FROM conversation_summaries c"
+            " WHERE c.tenant_id = k.tenant_id AND c.conversation_id = k.conversation_id"
+            " ORDER BY c.summary_version DESC LIMIT 1) AS s",
             (keys_param,),
         )
         return {
@@ -245,7 +430,6 @@ class ConversationDetail:
 async def load_conversation(
     conn: Conn, tenant_id: str, conversation_id: str
 ) -> ConversationDetail | None:
-    keys_param = _keys([(tenant_id, conversation_id)])
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {', '.join(CONVERSATION_FIELDS)} FROM conversations"
@@ -261,7 +445,9 @@ async def load_conversation(
             (tenant_id, conversation_id),
         )
         summaries = [_summary_from_row(r) for r in await cursor.fetchall()]
-    messages = (await _messages(conn, keys_param)).get((tenant_id, conversation_id), [])
+    messages = (await _tails(conn, {(tenant_id, conversation_id): 1})).get(
+        (tenant_id, conversation_id), []
+    )
     return ConversationDetail(ConversationRecord(**row), messages, summaries)
 
 

@@ -13,6 +13,7 @@ from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
+from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec, encode
@@ -50,12 +51,14 @@ class MemoryProjection:
         max_value_bytes: int,
         revocation_deadline: timedelta,
         keys: KeyStore,
+        observer: RedactionObserver | None = None,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
         self.codec = SealedCodec(EventCodec(schemas, accepted, {"value": max_value_bytes}), keys)
         self._topics = topics
         self._current_topic = topics.name(MEMORY_CURRENT)
         self._revocation_deadline = revocation_deadline
+        self._observer = observer
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -98,4 +101,6 @@ class MemoryProjection:
         ] + [tombstone_message(self._topics, entry) for entry in outcome.revocations]
 
     def committed(self, outcome: BatchResult) -> None:
-        """Nothing memory-specific to report beyond what the runner counts."""
+        if self._observer is not None:
+            for kind, count in outcome.redactions.items():
+                self._observer.redacted(kind, count)

@@ -8,6 +8,7 @@ is refused as ``duplicate_mismatch``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +31,7 @@ from projections.idempotency import (
     ProcessedEvent,
     Seen,
 )
+from projections.redaction import Redactions, redact_value
 from topics.memory import (
     MemoryCorrected,
     MemoryEvent,
@@ -179,6 +181,9 @@ def _corrected(event: MemoryCorrected, current: MemoryRecord | None) -> Decision
     if isinstance(checked, Refused):
         return checked
     payload = event.payload
+    # An omitted expires_at keeps the current expiry (a correction never makes a memory
+    # permanent by omission); an explicit null removes it; a timestamp replaces it.
+    expires_at = payload.expires_at if payload.expiry_given else checked.expires_at
     # A new value needs its own evidence: it is verified only if the correction says how.
     return _applied(
         event,
@@ -188,7 +193,7 @@ def _corrected(event: MemoryCorrected, current: MemoryRecord | None) -> Decision
             value=payload.value,
             source=payload.source,
             observed_at=payload.observed_at,
-            expires_at=payload.expires_at,
+            expires_at=expires_at,
             verification=payload.verification,
             status="verified" if payload.verification else "proposed",
         ),
@@ -224,6 +229,8 @@ class BatchResult:
     # key, current subject or current source's conversation): a live memory refused only
     # because the event would move its source into an erased conversation keeps its key.
     keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Credentials masked out of memory values before they were stored, by kind.
+    redactions: Redactions = field(default_factory=Counter)
 
     def applied_event_types(self) -> list[str]:
         return [version.event_type for version in self.versions]
@@ -257,6 +264,20 @@ def current_erasure_keys(record: MemoryRecord) -> Iterator[EntityKey]:
     conversation = source_conversation(record.source.type, record.source.ref)
     if conversation is not None:
         yield conversation_key(tenant, conversation)
+
+
+def _redacted(event: MemoryEvent, found: Redactions) -> MemoryEvent:
+    """The event with its value redacted as conversation content is: a memory value is stored
+    and indexed, and a credential in it must not be. The original event (and its hash, for
+    idempotency) is what arrived."""
+    if not isinstance(event, MemoryProposed | MemoryCorrected):
+        return event
+    before = found.total()
+    value = redact_value(event.payload.value, found)
+    if found.total() == before:
+        return event
+    payload = event.payload.model_copy(update={"value": value})
+    return event.model_copy(update={"payload": payload})
 
 
 def reduce_batch(
@@ -309,7 +330,7 @@ def reduce_batch(
         if not event.readable:
             result.shredded += 1
             continue
-        decision = evolve(event, current)
+        decision = evolve(_redacted(event, result.redactions), current)
         if isinstance(decision, Refused):
             result.rejections.append(decision.rejection)
             continue

@@ -1,7 +1,8 @@
 """Which fields of which events are personal, and moving them in and out of the seal. Pure.
 
-A sealed event is the validated event (already upcast to its current version) with its
-personal fields removed from the payload and replaced by ``payload.sealed``:
+A sealed event is the validated event (already upcast to its current version) as given, the
+fields its producer omitted still omitted, with its personal fields removed from the payload
+and replaced by ``payload.sealed``:
 ``{"entity": "<type>:<id>", "fields": "<base64 AES-GCM of their JSON>"}``.
 """
 

@@ -96,7 +96,15 @@ class Sealer:
     ) -> Sealed:
         sealed = Sealed()
         for event in events:
-            raw = event.model_dump(mode="json")
+            # As given: a field the producer omitted stays omitted (``exclude_unset``), so
+            # that an omission that means something survives the sealed log (a correction
+            # without ``expires_at`` keeps the expiry; ``"expires_at": null`` removes it).
+            # Decoding fills every other omitted field with its default, as from the raw
+            # topic. Events sealed before contract 1.1 wrote every default out, so they hold
+            # an explicit ``"expires_at": null`` whether the producer sent null or nothing:
+            # they are read as written (null removes the expiry), which is what memproj did
+            # with both when they were applied, so replaying them rebuilds the same records.
+            raw = event.model_dump(mode="json", exclude_unset=True)
             ref = _entity(event)
             if ref is not None:
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):

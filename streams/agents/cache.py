@@ -3,29 +3,39 @@ its subject, so a cached recall never outlives the record it was built from."""
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Sequence
 
-import faust
+from pydantic import ValidationError
 
 from projections.cache.store import RedisCache
-from topics.messages import header_pairs
-from topics.outputs import MemoryRecord
+from streams.isolation import Isolation, stage
+from streams.runner import Publisher
+from topics.codec import InvalidMessage
+from topics.messages import InputMessage
+from topics.outputs import DeadLetterReason, MemoryRecord
 from topics.registry import entity_of_message
 
 
-def add_cache_freshness_agent(app: faust.App, topic_name: str, cache: RedisCache) -> None:
-    topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
+class CacheFreshness:
+    name = "cache-freshness"
 
-    async def refresh(stream: faust.StreamT[bytes]) -> None:
-        async for batch in stream.noack_take(500, within=0.1):  # type: ignore[attr-defined]
-            for event in cast(list[faust.EventT[bytes]], batch):
-                message = event.message
-                tenant_id, memory_id = entity_of_message(message.key, header_pairs(message.headers))
-                subject = None
-                if message.value:
+    def __init__(self, cache: RedisCache, publisher: Publisher) -> None:
+        self._cache = cache
+        self._publisher = publisher
+
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
+        """Invalidate what each change of ``memory.current`` makes stale (twice is harmless)."""
+        await self._publisher.publish(await isolation.each(messages, self._refresh))
+
+    async def _refresh(self, message: InputMessage) -> None:
+        with stage("decode"):
+            tenant_id, memory_id = entity_of_message(message.key, message.headers)
+            subject = None
+            if message.value:
+                try:
                     record = MemoryRecord.model_validate_json(message.value)
-                    subject = (record.subject.type, record.subject.id)
-                await cache.invalidate(tenant_id, subject=subject, memory_ids=[memory_id])
-                await stream.ack(event)
-
-    app.agent(topic, name="cache-freshness")(refresh)
+                except ValidationError as exc:
+                    raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
+                subject = (record.subject.type, record.subject.id)
+        with stage("invalidate"):
+            await self._cache.invalidate(tenant_id, subject=subject, memory_ids=[memory_id])

@@ -10,13 +10,9 @@ and they are refused.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from datetime import datetime
-from functools import partial
-from typing import cast
 
-import faust
 import orjson
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
@@ -33,13 +29,12 @@ from projections.embeddings.indexer import (
     plan_index,
 )
 from projections.embeddings.vectors import VectorStore
-from streams.agents.projection import to_input
-from streams.failures import retry_transient
+from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
-from topics.codec import encode
+from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage
-from topics.outputs import MemoryRecord
+from topics.outputs import DeadLetterReason, MemoryRecord
 from topics.registry import (
     CONVERSATION_REJECTIONS,
     MEMORY_CURRENT,
@@ -48,8 +43,6 @@ from topics.registry import (
     entity_key,
     entity_of_message,
 )
-
-log = logging.getLogger(__name__)
 
 
 class EmbeddingsIndexer:
@@ -72,7 +65,12 @@ class EmbeddingsIndexer:
         self._metrics = metrics
         self._memory_topic = topics.name(MEMORY_CURRENT)
 
-    def decode(self, message: InputMessage) -> IndexUpdate | None:
+    name = "embeddings-index"
+
+    def decode(self, message: InputMessage) -> IndexUpdate:
+        """The index update a message of ``memory.current`` or ``conversation.messages``
+        carries, or ``InvalidMessage``: these are memproj's own outputs, so an unreadable one
+        is a bug or a forgery, dead-lettered like any other."""
         try:
             if message.topic == self._memory_topic:
                 tenant_id, memory_id = entity_of_message(message.key, message.headers)
@@ -89,29 +87,43 @@ class EmbeddingsIndexer:
                 event_id=data["event_id"],
             )
         except (ValidationError, ValueError, KeyError, TypeError) as exc:
-            # memproj's own output topics: an unreadable record is a bug, counted and logged.
-            log.error(
-                "unreadable index update at %s[%d]@%d: %s",
-                message.topic,
-                message.partition,
-                message.offset,
-                exc,
-            )
-            self._metrics.index_update("embeddings", "invalid")
-            return None
+            raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
 
-    async def apply(self, updates: Sequence[IndexUpdate]) -> None:
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
+        """Index a batch: unreadable messages and those whose update fails are dead-lettered,
+        the rest indexed (writing an update twice is harmless, so parts may be redone)."""
+        updates: dict[tuple[str, int, int], IndexUpdate] = {}
+        dead: list[OutboxMessage] = []
+        decodable: list[InputMessage] = []
+        for message in messages:
+            try:
+                with stage("decode"):
+                    updates[_position(message)] = self.decode(message)
+                decodable.append(message)
+            except InvalidMessage as invalid:
+                dead.append(isolation.invalid(message, invalid))
+
+        async def index_part(part: Sequence[InputMessage]) -> None:
+            await self.index([updates[_position(m)] for m in part])
+
+        _, failed = await isolation.split(decodable, index_part)
+        dead += isolation.judge(len(messages), failed)
+        await self._publisher.publish(dead)
+
+    async def index(self, updates: Sequence[IndexUpdate]) -> None:
         if not updates:
             return
         async with self._pool.connection() as conn, conn.transaction():
             await deletion_store.lock_tenants(conn, (u.tenant_id for u in updates), exclusive=False)
             held = await self._authoritative(conn, updates)
-            plan = plan_index(updates, held, self._embedder)
-            async with self._writes:
-                for match in plan.removals:
-                    await asyncio.to_thread(self._vectors.remove, match)
-                if plan.upserts:
-                    await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
+            with stage("embed"):
+                plan = plan_index(updates, held, self._embedder)
+            with stage("write"):
+                async with self._writes:
+                    for match in plan.removals:
+                        await asyncio.to_thread(self._vectors.remove, match)
+                    if plan.upserts:
+                        await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
         await self._publisher.publish(
             [
                 OutboxMessage(
@@ -167,20 +179,5 @@ class EmbeddingsIndexer:
         return Authoritative(held_memories, held_messages, erasures)
 
 
-def add_index_agent(app: faust.App, topic_names: Sequence[str], indexer: EmbeddingsIndexer) -> None:
-    topic = app.topic(*topic_names, key_type=bytes, value_type=bytes, allow_empty=True)
-
-    async def index(stream: faust.StreamT[bytes]) -> None:
-        async for batch in stream.noack_take(500, within=0.1):  # type: ignore[attr-defined]
-            events = cast(list[faust.EventT[bytes]], batch)
-            decoded = [indexer.decode(message) for message in to_input(events)]
-            updates = [update for update in decoded if update is not None]
-            try:
-                await retry_transient("embeddings index", partial(indexer.apply, updates))
-            except Exception as exc:
-                await app.crash(exc)  # see streams.agents.projection: stop, do not carry on
-                raise
-            for event in events:
-                await stream.ack(event)
-
-    app.agent(topic, name="embeddings-index")(index)
+def _position(message: InputMessage) -> tuple[str, int, int]:
+    return (message.topic, message.partition, message.offset)

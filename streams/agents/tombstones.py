@@ -1,35 +1,36 @@
-"""The agent that makes a derived store honour tombstones.
+"""The handler that makes a derived store honour tombstones.
 
 For every tombstone meant for its store: remove the items, check they are unreachable, then
-publish ``deletion.acknowledged`` and only after that acknowledge the tombstone's offset.
-A failure publishes a ``failed`` acknowledgement (the ledger records it) and is retried with
-backoff until it succeeds; a crash anywhere redelivers the tombstone, and removing twice is
-harmless. Publishing an acknowledgement or a dead letter is retried like any transient
-failure; anything else that escapes stops the worker (as the projection agents do), rather
-than letting faust restart the agent and carry on without it.
+publish ``deletion.acknowledged``; the batch loop acknowledges the tombstones' offsets only
+after that. A transient failure (the store unreachable, items still reachable) publishes a
+``failed`` acknowledgement (the ledger records it) and is retried with backoff until it
+passes; a crash anywhere redelivers the tombstone, and removing twice is harmless. A failure
+that is about the tombstone itself (a bug it hits) publishes a ``failed`` acknowledgement and
+dead-letters it: the ledger keeps the deletion pending, redelivers it and reports it overdue,
+and the tombstones after it are honoured meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import cast
 
-import faust
 from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
 from projections.deletion.derived import DerivedStore
-from streams.failures import retry_transient
-from streams.kafka import KafkaPublisher
+from streams.failures import FailureKind, classify, retry_transient
+from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
-from topics.codec import encode
+from streams.runner import Publisher
+from topics.codec import InvalidMessage, encode
 from topics.deletion import Acknowledgement, AckStatus, Tombstone
-from topics.outputs import DeadLetter, DeadLetterReason
-from topics.registry import DELETION_ACKS, DLQ_SUFFIX, TopicNames, entity_key
+from topics.messages import InputMessage
+from topics.outputs import DeadLetterReason
+from topics.registry import DELETION_ACKS, TopicNames, entity_key
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class TombstoneHandler:
     def __init__(
         self,
         store: DerivedStore,
-        publisher: KafkaPublisher,
+        publisher: Publisher,
         topics: TopicNames,
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -55,18 +56,33 @@ class TombstoneHandler:
         self._clock = clock
         self._max_backoff = max_backoff_seconds
 
-    async def handle(self, message: faust.types.tuples.Message) -> None:
-        tombstone = await self._decode(message)
-        if tombstone is None or not tombstone.is_for(self.store.name):
+    @property
+    def name(self) -> str:
+        return f"{self.store.name}-tombstones"
+
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
+        """Honour every tombstone in order; dead letters are published before the batch is
+        acknowledged."""
+        dead = await isolation.each(messages, self.handle, "erase")
+        await self._publish(f"{self.store.name}: {len(dead)} dead letters", dead)
+
+    async def handle(self, message: InputMessage) -> None:
+        with stage("decode"):
+            tombstone = self._decode(message)
+        if not tombstone.is_for(self.store.name):
             return
         attempt = 0
         while True:
             attempt += 1
             try:
-                erased = await self.store.erase(tombstone)
+                with stage("erase"):
+                    erased = await self.store.erase(tombstone)
                 if erased.reachable:
                     raise StillReachable(f"still reachable: {', '.join(erased.reachable[:5])}")
             except Exception as exc:
+                await self._acknowledge(tombstone, "failed", 0, attempt, str(exc)[:500])
+                if not (isinstance(exc, StillReachable) or classify(exc) is FailureKind.TRANSIENT):
+                    raise  # about this tombstone: isolated; the ledger redelivers it later
                 delay = min(self._max_backoff, 0.2 * 2**attempt)
                 log.warning(
                     "%s: tombstone %s failed (%s); retry in %.1fs",
@@ -75,7 +91,6 @@ class TombstoneHandler:
                     exc,
                     delay,
                 )
-                await self._acknowledge(tombstone, "failed", 0, attempt, str(exc)[:500])
                 await asyncio.sleep(delay)
                 continue
             await self._acknowledge(tombstone, "done", erased.removed, attempt, None)
@@ -103,67 +118,24 @@ class TombstoneHandler:
         key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
         # Published and flushed before the tombstone's offset moves: an ack is never lost.
         # A failed publish is retried here, not left to escape: the store has removed the
-        # items already, and an escape would leave the rest of the batch unhandled.
+        # items already, and an escape would redo the erasure of the whole batch.
         await self._publish(
             f"{self.store.name}: {status} ack of {tombstone.deletion_id}",
             [OutboxMessage(self._acks_topic, key, encode(ack))],
         )
 
     async def _publish(self, what: str, messages: list[OutboxMessage]) -> None:
-        await retry_transient(what, partial(self._publisher.publish, messages), self._max_backoff)
+        if messages:
+            await retry_transient(
+                what, partial(self._publisher.publish, messages), self._max_backoff
+            )
 
-    async def _decode(self, message: faust.types.tuples.Message) -> Tombstone | None:
+    @staticmethod
+    def _decode(message: InputMessage) -> Tombstone:
         try:
             tombstone = Tombstone.model_validate_json(message.value or b"")
-            valid_key = (
-                message.key == entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
-            )
-            if valid_key:
-                return tombstone
-            error, code = "key does not match the tombstone", DeadLetterReason.KEY_MISMATCH
         except ValidationError as exc:
-            error, code = str(exc)[:500], DeadLetterReason.INVALID_EVENT
-        letter = DeadLetter.of(
-            message.value,
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            error=error,
-            error_code=code,
-            key=message.key,
-            failed_at=self._clock(),
-        )
-        await self._publish(
-            f"{self.store.name}: dead letter of {message.topic}@{message.offset}",
-            [OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(letter))],
-        )
-        self._metrics.dead_lettered(message.topic, code.value)
-        return None
-
-
-async def honour_tombstones(
-    app: faust.App, stream: faust.StreamT[bytes], handler: TombstoneHandler
-) -> None:
-    """Handle every tombstone in order, acknowledging each after its store is done with it."""
-    try:
-        async for batch in stream.noack_take(100, within=0.1):  # type: ignore[attr-defined]
-            for event in cast(list[faust.EventT[bytes]], batch):
-                await handler.handle(event.message)
-                await stream.ack(event)
-    except Exception as exc:
-        # Store failures and transient publish failures are retried inside the handler; what
-        # arrives here is a bug or a broken environment. Faust would restart the agent and
-        # carry on without it, leaving the rest of the batch unhandled until the deadline, so
-        # stop the whole worker instead: the tombstone was not acknowledged, nothing is lost,
-        # and the exit is visible to whatever supervises the process.
-        await app.crash(exc)
-        raise
-
-
-def add_tombstone_agent(app: faust.App, topic_name: str, handler: TombstoneHandler) -> None:
-    topic = app.topic(topic_name, key_type=bytes, value_type=bytes, allow_empty=True)
-
-    async def honour(stream: faust.StreamT[bytes]) -> None:
-        await honour_tombstones(app, stream, handler)
-
-    app.agent(topic, name=f"{handler.store.name}-tombstones")(honour)
+            raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
+        if message.key != entity_key(tombstone.tenant_id, tombstone.deletion_id).encode():
+            raise InvalidMessage(DeadLetterReason.KEY_MISMATCH, "key does not match the tombstone")
+        return tombstone

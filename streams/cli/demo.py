@@ -10,13 +10,13 @@ from typing import Any, LiteralString
 
 import click
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections.bookkeeping import Conn
 from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
-from streams.kafka import delete_topics, producer_config
+from streams.kafka import admin_config, consumer_config, delete_topics, producer_config
 from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
@@ -86,7 +86,7 @@ def demo_clean(ctx: click.Context, current: str) -> None:
     schemas. ``ops/demo`` runs it first, so the stack keeps the latest run only."""
     settings = settings_of(ctx)
     cut_off = _run_time(current)
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings.kafka_bootstrap))
 
     def older(name: str, form: str) -> bool:
         found = re.fullmatch(form.format(run=DEMO_RUN.pattern), name)
@@ -118,35 +118,45 @@ def demo_clean(ctx: click.Context, current: str) -> None:
 
 
 def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
-    """Everything currently in a topic, read with a throwaway assignment (no group offsets)."""
+    """Everything committed in a topic, read with a throwaway assignment (no group offsets).
+
+    A committed reader (contract 1.1): aborted transactions' messages are not read. Each
+    partition is read up to its end as of the call, or until the reader reports reaching
+    the end of it (the rest being offsets it never receives: transaction markers)."""
     ends = end_offsets(settings.kafka_bootstrap, topic)
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"memproj-reader-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
+        consumer_config(
+            settings.kafka_bootstrap,
+            **{
+                "group.id": f"memproj-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+        )
     )
-    consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
-    wanted = sum(ends.values())
+    pending = {p: end for p, end in ends.items() if end > 0}
+    consumer.assign([TopicPartition(topic, p, 0) for p in pending])
     records: list[InputMessage] = []
     try:
-        while len(records) < wanted:
+        while pending:
             batch = consumer.consume(1000, timeout=5)
             if not batch:
                 break
-            records.extend(
-                InputMessage(
-                    topic,
-                    m.partition() or 0,
-                    m.offset() or 0,
-                    m.key(),
-                    m.value(),
-                    header_pairs(m.headers()),
+            for m in batch:
+                partition, offset, error = m.partition() or 0, m.offset() or 0, m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and offset >= ends[partition]:
+                        pending.pop(partition, None)
+                    continue
+                if partition not in pending or offset >= ends[partition]:
+                    continue
+                records.append(
+                    InputMessage(
+                        topic, partition, offset, m.key(), m.value(), header_pairs(m.headers())
+                    )
                 )
-                for m in batch
-                if m.error() is None
-            )
+                if offset + 1 >= ends[partition]:
+                    del pending[partition]
     finally:
         consumer.close()
     return records

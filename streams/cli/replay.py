@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from streams.cli.common import echo_json, settings_of
+from streams.kafka import admin_config
 from streams.lag import LagCollector
 from streams.metrics import Metrics
 from streams.replay import Progress as ReplayProgress
@@ -196,7 +197,7 @@ def offsets_reset(ctx: click.Context, kind: str, to: str, topic: str | None, as_
     if not targets:
         raise click.ClickException(f"group {group} has no committed offsets to reset")
     new = _resolve(settings, targets, to)
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings.kafka_bootstrap))
     result = admin.alter_consumer_group_offsets(
         [
             ConsumerGroupTopicPartitions(

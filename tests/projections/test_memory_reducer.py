@@ -17,7 +17,7 @@ from projections.deletion.erasure import (
 from projections.memory.reducer import MemoryKey, reduce_batch
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
-from topics.memory import MemoryEvent
+from topics.memory import MemoryCorrected, MemoryCorrectedPayload, MemoryEvent
 from topics.outputs import MemoryRecord, RejectionReason
 from topics.schemas import default_schemas
 
@@ -116,6 +116,67 @@ def test_expiry_is_judged_at_read_time_not_in_the_reducer() -> None:
     assert record.status == "proposed"
     assert record.is_eligible(expires - timedelta(seconds=1))
     assert not record.is_eligible(expires)
+
+
+def _with_payload(raw: dict, **changes: object) -> dict:  # type: ignore[type-arg]
+    return dict(raw, payload=dict(raw["payload"], **changes))
+
+
+def test_a_correction_without_expires_at_keeps_the_current_expiry() -> None:
+    f = EventFactory()
+    expires = f.clock + timedelta(days=30)
+    correction = f.corrected("t1", "m1", 1, {"text": "likes coffee"})
+    assert "expires_at" not in correction["payload"]
+    result = reduce_batch(decode(f.proposed("t1", "m1", expires_at=expires), correction), {}, {})
+    record = result.records[("t1", "m1")]
+    assert (record.version, record.value, record.expires_at) == (
+        2,
+        {"text": "likes coffee"},
+        expires,
+    )
+    # Still kept through a second correction that says nothing about expiry either.
+    again = reduce_batch(decode(f.corrected("t1", "m1", 2, {"text": "tea"})), result.records, {})
+    assert again.records[("t1", "m1")].expires_at == expires
+
+
+def test_a_correction_with_expires_at_null_removes_the_expiry() -> None:
+    f = EventFactory()
+    proposal = f.proposed("t1", "m1", expires_at=f.clock + timedelta(days=30))
+    correction = _with_payload(f.corrected("t1", "m1", 1, {"text": "x"}), expires_at=None)
+    record = project(decode(proposal, correction))[("t1", "m1")]
+    assert record.version == 2 and record.expires_at is None
+
+
+def test_a_correction_with_a_new_expires_at_replaces_the_expiry() -> None:
+    f = EventFactory()
+    first, second = f.clock + timedelta(days=30), f.clock + timedelta(days=2)
+    for proposal in (
+        f.proposed("t1", "m1", expires_at=first),
+        f.proposed("t1", "m2"),  # a permanent memory can be given an expiry
+    ):
+        memory_id = proposal["payload"]["memory_id"]
+        correction = f.corrected("t1", memory_id, 1, {"text": "x"}, expires_at=second)
+        assert project(decode(proposal, correction))[("t1", memory_id)].expires_at == second
+
+
+def test_expiry_of_a_correction_built_in_python_follows_the_same_rule() -> None:
+    f = EventFactory()
+    (event,) = decode(f.corrected("t1", "m1", 1, {"text": "x"}))
+    assert isinstance(event, MemoryCorrected)
+    omitted = event.payload
+    built = MemoryCorrectedPayload(
+        memory_id="m1",
+        expected_version=1,
+        value={},
+        source=omitted.source,
+        observed_at=omitted.observed_at,
+    )
+    null = built.model_copy(update={"expires_at": None})
+    assert not omitted.expiry_given and not built.expiry_given
+    assert MemoryCorrectedPayload.model_validate(
+        {**built.model_dump(), "expires_at": None}
+    ).expiry_given
+    assert null.expiry_given  # model_copy(update=...) counts as given, like a field set
 
 
 def test_same_event_id_same_body_is_a_redelivery_different_body_is_refused() -> None:
@@ -267,3 +328,22 @@ def test_a_refused_event_shreds_the_key_when_the_erasure_covers_the_current_reco
         result = reduce_batch([late], records, {}, erasures)
         assert [r.reason for r in result.rejections] == [RejectionReason.ERASED], covering
         assert set(result.keys_to_shred) == {("t1", "m4")}, covering
+
+
+def test_memory_values_are_redacted_like_conversation_content() -> None:
+    f = EventFactory()
+    secret = "AKIAIOSFODNN7EXAMPLE"
+    result = reduce_batch(
+        decode(
+            f.proposed("t1", "m1", value={"note": f"deploy key {secret}", "password": "hunter22"}),
+            f.corrected("t1", "m1", 1, {"text": "token ghp_" + "a1B2" * 9}),
+            f.proposed("t1", "m2", value={"text": "likes tea"}),
+        ),
+        {},
+        {},
+    )
+    stored = str([v.record.value for v in result.versions])
+    assert secret not in stored and "hunter22" not in stored and "ghp_" not in stored
+    assert "[REDACTED:" in stored
+    assert result.records[("t1", "m2")].value == {"text": "likes tea"}
+    assert sum(result.redactions.values()) == 3

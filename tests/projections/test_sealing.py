@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 import pytest
@@ -32,9 +33,9 @@ from projections.sealing.fields import (
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage
-from topics.memory import MemoryProposed
+from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
 from topics.registry import TopicNames
-from topics.schemas import default_schemas
+from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 MASTER = new_data_key()
 
@@ -185,3 +186,110 @@ def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch()
     for value in bad:
         with pytest.raises(InvalidMessage):
             codec.decode(good[0][0], value)
+
+
+def _through_the_sealed_log(raws: list[dict], schemas: SchemaRegistry | None = None) -> list[Any]:  # type: ignore[type-arg]
+    """Raw events decoded as the sealer decodes them, sealed, and decoded again as the
+    memory projection (and a replay) reads the sealed log."""
+
+    class Keys:
+        async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
+            return {ref: data_key for ref in refs}
+
+    schemas = schemas or default_schemas()
+    memory_types = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
+    data_key = new_data_key()
+    sealer = Sealer(schemas, TopicNames(), None, 65536)  # type: ignore[arg-type]
+    events = [sealer.codec.decode(*to_message(raw)) for raw in raws]
+    keys = {
+        ref: data_key
+        for e in events
+        if (ref := entity_of_event(e.event_type, e.tenant_id, e.entity_id))
+    }
+    sealed = sealer.reduce(events, SealingState(keys, ErasureIndex({})), {}).messages
+    codec = SealedCodec(EventCodec(schemas, memory_types), Keys())  # type: ignore[arg-type]
+    asyncio.run(codec.load_keys(None, [m.value for m in sealed]))  # type: ignore[arg-type]
+    return [codec.decode(m.key, m.value) for m in sealed]
+
+
+def test_an_omitted_expires_at_stays_omitted_through_seal_and_unseal() -> None:
+    f = EventFactory()
+    expires = f.clock + timedelta(days=3)
+    omitted = f.corrected("t1", "m1", 1, {"text": "a"})
+    null = f.corrected("t1", "m1", 2, {"text": "b"})
+    null["payload"]["expires_at"] = None
+    given = f.corrected("t1", "m1", 3, {"text": "c"}, expires_at=expires)
+
+    first, second, third = _through_the_sealed_log([omitted, null, given])
+
+    assert isinstance(first, MemoryCorrected)
+    assert (first.payload.expiry_given, first.payload.value) == (False, {"text": "a"})
+    assert (second.payload.expiry_given, second.payload.expires_at) == (True, None)
+    assert (third.payload.expiry_given, third.payload.expires_at) == (True, expires)
+    # Nothing else changed on the way: the sealed copy is the same event.
+    for raw, event in zip((omitted, null, given), (first, second, third), strict=True):
+        assert (
+            event.body_hash()
+            == EventCodec(default_schemas(), frozenset({raw["event_type"]}))
+            .decode(*to_message(raw))
+            .body_hash()
+        )
+
+
+def test_the_sealed_log_keeps_omissions_but_not_personal_fields() -> None:
+    f = EventFactory()
+    raw = f.corrected("t1", "m1", 1, {"text": "secret"})
+    schemas = default_schemas()
+    sealer = Sealer(schemas, TopicNames(), None, 65536)  # type: ignore[arg-type]
+    event = sealer.codec.decode(*to_message(raw))
+    state = SealingState({("t1", "memory", "m1"): new_data_key()}, ErasureIndex({}))
+    (message,) = sealer.reduce([event], state, {}).messages
+    payload = orjson.loads(message.value or b"")["payload"]
+    assert "expires_at" not in payload and "verification" not in payload
+    assert b"secret" not in (message.value or b"")
+
+
+def test_an_upcast_correction_keeps_its_omitted_expires_at() -> None:
+    # The slow path (an older schema_version, upcast before validation) keeps omissions too.
+    schemas = SchemaRegistry(
+        [
+            *(EventSchema(m) for m in MEMORY_EVENT_TYPES if m is not MemoryCorrected),
+            EventSchema(MemoryCorrected, 2, {1: lambda raw: raw}),
+        ]
+    )
+    codec = EventCodec(schemas, schemas.event_types())
+    raw = EventFactory().corrected("t1", "m1", 1, {"text": "a"})
+    assert raw["schema_version"] == 1
+    event = codec.decode(*to_message(raw))
+    assert isinstance(event, MemoryCorrected) and not event.payload.expiry_given
+    null = dict(raw, payload=dict(raw["payload"], expires_at=None))
+    assert codec.decode(*to_message(null)).payload.expiry_given
+    (sealed,) = _through_the_sealed_log([raw], schemas)
+    assert sealed.schema_version == 2 and not sealed.payload.expiry_given
+
+
+def test_corrections_sealed_before_1_1_read_their_explicit_null_as_removing_the_expiry() -> None:
+    # Sealed events written before contract 1.1 carry every default, so an omitted
+    # expires_at was written as null: they are read as written, as they were applied then.
+    f = EventFactory()
+    schemas = default_schemas()
+    inner = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
+    proposal = f.proposed("t1", "m1", expires_at=f.clock + timedelta(days=3))
+    correction = f.corrected("t1", "m1", 1, {"text": "b"})
+    data_key = new_data_key()
+    old_format = [
+        orjson.dumps(seal(inner.decode(*to_message(raw)).model_dump(mode="json"), data_key))
+        for raw in (proposal, correction)
+    ]
+    assert b'"expires_at":null' in old_format[1]
+
+    class Keys:
+        async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
+            return {ref: data_key for ref in refs}
+
+    codec = SealedCodec(inner, Keys())  # type: ignore[arg-type]
+    asyncio.run(codec.load_keys(None, old_format))  # type: ignore[arg-type]
+    events = [codec.decode(to_message(proposal)[0], value) for value in old_format]
+    assert events[1].payload.expiry_given
+    record = reduce_batch(events, {}, {}).records[("t1", "m1")]  # type: ignore[arg-type]
+    assert record.version == 2 and record.expires_at is None

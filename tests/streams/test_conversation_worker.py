@@ -11,11 +11,19 @@ import psycopg
 import pytest
 
 from projections.conversation import store
-from streams.sample import EventFactory
+from projections.conversation.context import ContextSettings, build_context
+from projections.conversation.reducer import reduce_batch
+from streams.sample import EventFactory, to_message
+from topics.codec import EventCodec
 from topics.registry import CONVERSATION_EVENTS, CONVERSATION_REJECTIONS, MEMORY_EVENTS
+from topics.schemas import default_schemas
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
+CODEC = EventCodec(
+    default_schemas(),
+    frozenset(t for t in default_schemas().event_types() if t.startswith("conversation.")),
+)
 
 SECRETS = {
     "api_key": "sk-ant-api03-Zx9Yw8Vu7Ts6Rq5Po4Nm",
@@ -254,3 +262,153 @@ def test_a_message_too_large_once_sealed_is_dead_lettered_and_the_rest_applied(e
     assert conversation is not None
     assert [m.message_id for m in conversation.messages] == ["m1", "m2"]
     assert all(worker.alive() for worker in workers)
+
+
+# -- the context view's bounded rebuild ---------------------------------------------------
+
+
+def turn(f: EventFactory, number: int, tenant: str = "acme") -> list[dict[str, Any]]:
+    """A question, a tool exchange and an answer: four messages."""
+    tool = f"tu{number}"
+    return [
+        f.message(tenant, "c1", f"q{number}", "user", f"question {number}: what about it?"),
+        f.message(
+            tenant,
+            "c1",
+            f"u{number}",
+            "assistant",
+            [{"type": "tool_use", "id": tool, "name": "search", "input": {"n": number}}],
+        ),
+        f.message(
+            tenant,
+            "c1",
+            f"r{number}",
+            "user",
+            [{"type": "tool_result", "tool_use_id": tool, "content": "found " * (number % 97)}],
+        ),
+        f.message(tenant, "c1", f"a{number}", "assistant", f"answer {number}. " * 6),
+    ]
+
+
+async def apply_batch(
+    conn: Any, raws: list[dict[str, Any]], context: ContextSettings
+) -> store.ContextStats | None:
+    """One batch as the conversation worker applies it: decode, reduce, save, commit."""
+    events = [CODEC.decode(*to_message(raw)) for raw in raws]
+    async with conn.transaction():
+        state = await store.load_state(conn, events)  # type: ignore[arg-type]
+        result = reduce_batch(events, state, {})  # type: ignore[arg-type]
+        assert not result.rejections, result.rejections
+        return await store.save_batch(conn, result, context)
+
+
+async def full_view(conn: Any, context: ContextSettings) -> dict[str, Any]:
+    """The view as a rebuild from every stored message and the latest summary makes it."""
+    detail = await store.load_conversation(conn, "acme", "c1")
+    assert detail is not None
+    summary = detail.summaries[-1] if detail.summaries else None
+    return build_context(detail.messages, summary, context).to_json()
+
+
+async def stored_view(conn: Any) -> dict[str, Any]:
+    view = await store.load_context(conn, "acme", "c1")
+    assert view is not None
+    return {k: v for k, v in view.items() if k not in ("built_at", "owner")}
+
+
+def test_a_long_conversation_reads_a_bounded_number_of_rows_per_batch(env: Any) -> None:
+    # 3,000 messages in 30 batches, with summaries of all but the newest messages now and
+    # then: after every batch the view is the full rebuild's, and what a batch reads does
+    # not grow with the conversation.
+    context = ContextSettings(budget_tokens=1500, tool_result_max_chars=200)
+    f = EventFactory()
+
+    async def run() -> list[store.ContextStats]:
+        stats = []
+        dsn = env.settings.postgres_dsn
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apply_batch(conn, [f.started("acme", "c1", ("user", "alice"))], context)
+            ids: list[str] = []
+            summaries = 0
+            for batch in range(30):
+                raws = [m for n in range(25) for m in turn(f, batch * 25 + n)]
+                ids += [raw["payload"]["message_id"] for raw in raws]
+                if batch % 4 == 3:
+                    summaries += 1
+                    raws.append(f.summary("acme", "c1", summaries, "so far: " * 20, ids[:-40]))
+                done = await apply_batch(conn, raws, context)
+                assert done is not None
+                stats.append(done)
+                assert await stored_view(conn) == await full_view(conn, context), batch
+        return stats
+
+    stats = asyncio.run(run())
+    reads = [s.rows_read for s in stats]
+    # No batch is rebuilt from every message: conversation.started wrote the first index.
+    assert [s.full_rebuilds for s in stats] == [0] * 30
+    # A batch reads its 100 new messages, the active turn (4), the summary and the newest
+    # finished turns, at most two pages of 32 (2 rows each); one with a new summary also
+    # looks up the 400 messages it adds to the one before, the 100 turns that keep them
+    # (2 rows each) and the summary before. As many at 3,000 messages as at 800.
+    plain = [r for batch, r in enumerate(reads) if batch % 4 != 3]
+    summarising = [r for batch, r in enumerate(reads) if batch % 4 == 3]
+    most = 100 + 4 + 1 + 2 * 2 * 32
+    assert max(plain[6:]) <= max(plain[1:6]) <= most
+    assert max(summarising[2:]) <= summarising[1] <= most + 400 + 2 * 100 + 1
+
+    def marks() -> Any:
+        with env.connect() as conn:
+            return conn.execute(
+                "SELECT count(*), count(DISTINCT context_turn), max(context_turn)"
+                " FROM conversation_messages WHERE context_turn IS NOT NULL"
+            ).fetchone()
+
+    # 750 turns, 749 finished, each keeping its question and its answer.
+    assert marks() == (2 * 749, 749, 749)
+
+
+def test_a_late_tool_result_rebuilds_the_view_from_every_message(env: Any) -> None:
+    context = ContextSettings(budget_tokens=3000)
+    f = EventFactory()
+
+    async def run() -> list[store.ContextStats | None]:
+        dsn = env.settings.postgres_dsn
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            stats = [await apply_batch(conn, [f.started("acme", "c1"), *turn(f, 1)], context)]
+            stats.append(await apply_batch(conn, turn(f, 2) + turn(f, 3), context))
+            # A second result for turn 1's tool_use: turns 1 to 3 are one open exchange now.
+            late = f.message(
+                "acme",
+                "c1",
+                "late",
+                "user",
+                [{"type": "tool_result", "tool_use_id": "tu1", "content": "more"}],
+            )
+            stats.append(await apply_batch(conn, [late], context))
+            stats.append(await apply_batch(conn, turn(f, 4), context))
+            assert await stored_view(conn) == await full_view(conn, context)
+            view = await stored_view(conn)
+            assert view["finished_turns"] == 1  # turns 1-3 and the late result, then turn 4
+        return stats
+
+    stats = asyncio.run(run())
+    assert [s.full_rebuilds if s else None for s in stats] == [1, 0, 1, 0]
+
+
+def test_the_worker_keeps_the_view_equal_to_a_full_rebuild_across_batches(env: Any) -> None:
+    context = ContextSettings(budget_tokens=800, tool_result_max_chars=100)
+    f = EventFactory()
+    env.produce_events([f.started("acme", "c1", ("user", "alice"))], CONVERSATION_EVENTS)
+    worker_settings = {"context_budget_tokens": 800, "context_tool_result_max_chars": 100}
+    env.worker("conversation", **worker_settings)
+    for round_ in range(3):
+        raws = [m for n in range(40) for m in turn(f, round_ * 40 + n)]
+        if round_:
+            ids = [f"{kind}{n}" for n in range(round_ * 40 - 5) for kind in "qura"]
+            raws.append(f.summary("acme", "c1", round_, "summary", ids))
+        env.produce_events(raws, CONVERSATION_EVENTS)
+        env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+        assert read(env, stored_view) == read(env, lambda c: full_view(c, context))
+    with env.connect() as conn:
+        (index,) = conn.execute("SELECT turn_index FROM conversation_context").fetchone()
+    assert index["finished"] == 119 and index["through_seq"] == 480

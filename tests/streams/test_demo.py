@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from streams.cli import cli
+from streams.kafka import admin_config, consumer_config
 from streams.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -18,11 +19,11 @@ pytestmark = pytest.mark.integration
 
 def make_run(settings: Settings, run: str) -> None:
     """What a demo run leaves behind: a topic, a consumer group with offsets, a schema."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings.kafka_bootstrap))
     for creation in admin.create_topics([NewTopic(f"{run}.memory.events", 1, 1)]).values():
         creation.result(timeout=30)
     consumer = Consumer(
-        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"memproj-{run}-memory"}
+        consumer_config(settings.kafka_bootstrap, **{"group.id": f"memproj-{run}-memory"})
     )
     consumer.commit(offsets=[TopicPartition(f"{run}.memory.events", 0, 0)], asynchronous=False)
     consumer.close()
@@ -31,7 +32,7 @@ def make_run(settings: Settings, run: str) -> None:
 
 
 def left_of(settings: Settings, run: str) -> set[str]:
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings.kafka_bootstrap))
     left = set()
     if f"{run}.memory.events" in admin.list_topics(timeout=30).topics:
         left.add("topic")

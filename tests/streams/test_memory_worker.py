@@ -87,6 +87,55 @@ def test_corrections_conflicts_revocations_and_recall(env: Any) -> None:
     assert current["acme:m_tea"]["version"] == 3
 
 
+def test_a_correction_keeps_removes_or_replaces_the_expiry_as_it_says(env: Any) -> None:
+    # Contract 1.1, through the real sealer and memory worker: an omitted expires_at keeps
+    # the current expiry, an explicit null removes it, a timestamp replaces it.
+    f = EventFactory(clock=datetime.now(UTC) - timedelta(hours=1))
+    alice = ("user", "alice")
+    expires = (datetime.now(UTC) + timedelta(days=9)).replace(microsecond=0)
+    replaced = expires + timedelta(days=1)
+    removing = f.corrected("acme", "m_null", 1, {"text": "b2"})
+    removing["payload"]["expires_at"] = None
+    events = [
+        f.proposed("acme", "m_kept", alice, {"text": "a"}, expires_at=expires),
+        f.corrected("acme", "m_kept", 1, {"text": "a2"}),
+        f.corrected("acme", "m_kept", 2, {"text": "a3"}, verification="crm_field"),
+        f.proposed("acme", "m_null", alice, {"text": "b"}, expires_at=expires),
+        removing,
+        f.proposed("acme", "m_new", alice, {"text": "c"}, expires_at=expires),
+        f.corrected("acme", "m_new", 1, {"text": "c2"}, expires_at=replaced),
+    ]
+    env.produce_events(events)
+    env.worker()
+    env.wait_caught_up()
+
+    async def load(conn: Any) -> dict[str, Any]:
+        ids = ("m_kept", "m_null", "m_new")
+        return {m: await store.load_memory(conn, "acme", m) for m in ids}
+
+    records = env.run(load)
+    assert {m: (r.version, r.value, r.expires_at) for m, r in records.items()} == {
+        "m_kept": (3, {"text": "a3"}, expires),
+        "m_null": (2, {"text": "b2"}, None),
+        "m_new": (2, {"text": "c2"}, replaced),
+    }
+    current = {key.decode(): value for key, value in env.read(MEMORY_CURRENT)}
+    assert current["acme:m_kept"]["expires_at"] is not None
+    assert current["acme:m_null"]["expires_at"] is None
+    # The sealed log keeps the omission (and the explicit null) as the producer sent them.
+    sealed = {v["event_id"]: v["payload"] for _, v in env.read(MEMORY_SEALED)}
+    corrections = [e for e in events if e["event_type"] == "memory.corrected"]
+    assert [
+        ("expires_at" in sealed[e["event_id"]], sealed[e["event_id"]].get("expires_at"))
+        for e in corrections
+    ] == [
+        (False, None),
+        (False, None),
+        (True, None),
+        (True, replaced.isoformat().replace("+00:00", "Z")),
+    ]
+
+
 def test_memory_current_names_the_memory_in_headers(env: Any) -> None:
     # "org:acme" + "m1" and "org" + "acme:m1" share the key "org:acme:m1": only the headers
     # tell a consumer of a null-valued tombstone which memory is gone.
@@ -343,3 +392,49 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_on(
+    env: Any,
+) -> None:
+    # 999 bytes whose ignored extra field nests 300 levels: it once stopped the sealer for
+    # good (the codec re-serialised it, and orjson writes at most 254 levels).
+    f = EventFactory()
+    key, value = to_message(f.proposed("t1", "poison"))
+    poison = value[:-1] + b',"extra":' + b"[" * 300 + b"]" * 300 + b"}"
+    env.produce(
+        env.topic(MEMORY_EVENTS),
+        [
+            to_message(f.proposed("t1", "before")),
+            (key, poison),
+            to_message(f.proposed("t1", "after")),
+        ],
+    )
+    sealer, worker = env.worker("sealer"), env.worker()
+    env.wait_caught_up()
+    (letter,) = [value for _, value in env.read(MEMORY_EVENTS, ".dlq")]
+    assert letter["error_code"] == "invalid_event"
+    assert "deeper than 64 levels" in letter["error"]
+    with env.connect() as conn:
+        memories = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
+    assert memories == {"before", "after"}
+    assert sealer.alive() and worker.alive()
+
+
+def test_a_dropped_table_stops_the_worker_and_dead_letters_nothing(env: Any) -> None:
+    f = EventFactory()
+    env.produce_events([f.proposed("t1", "m0")])
+    worker = env.worker()
+    env.wait_caught_up()
+    with env.connect() as conn:
+        conn.execute("DROP TABLE memory_versions")
+    env.produce_events([f.proposed("t1", f"m{i}") for i in range(1, 30)])
+    assert worker.process is not None
+    # Every event fails the same way, and not because of what it holds: the worker stops
+    # with the error, for its supervisor, instead of dead-lettering the stream.
+    assert worker.process.wait(60) != 0
+    assert "UndefinedTable" in worker.log_tail(200)
+    assert "stopping the worker" in worker.log_tail(200)
+    assert env.read(MEMORY_SEALED, ".dlq") == []
+    with env.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 1

@@ -1,0 +1,171 @@
+"""The one batched loop every agent runs: batches in, handled, acknowledged.
+
+Where batches come from is a seam of its own (``BatchSource``): today faust's stream
+(``streams.agents.source``), tomorrow a batch consumer; batching, isolation, retries and
+acknowledgement stay the same. For each batch the loop:
+
+1. splits it into parts of at most ``max_bytes`` (a message larger than that is a part alone);
+2. hands each part to the handler, retrying transient failures with backoff until they pass
+   (a stuck database stalls the worker, visible as lag, and loses nothing); the handler
+   isolates the messages that fail (``streams.isolation``) and dead-letters them;
+3. acknowledges the batch to its source, only once every part is applied;
+4. stops the worker on anything else (an environment fault, a tripped breaker, a bug outside
+   any one message): the batch is not acknowledged, so nothing is lost, and the exit is
+   visible to whatever supervises the process.
+
+A writer task applies batch N while the source gathers batch N + 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from streams.failures import retry_transient
+from streams.isolation import CircuitBreaker, Isolation
+from topics.messages import InputMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    messages: Sequence[InputMessage]
+    # What the source needs to acknowledge the batch (faust's events).
+    token: Any = None
+
+
+class BatchSource(Protocol):
+    def batches(self) -> AsyncIterator[Batch]: ...
+
+    async def ack(self, batch: Batch) -> None:
+        """The batch is applied: its offsets may be committed."""
+
+
+class BatchHandler(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> object:
+        """Apply ``messages``; return once they are durable and their outputs published.
+        A failure that is about one message is isolated with ``isolation``."""
+
+
+class RetryObserver(Protocol):
+    def retried(self, projection: str, error: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_events: int = 2000
+    max_wait_seconds: float = 0.25
+    max_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    ratio: float = 0.5
+    min_failures: int = 5
+    window: int = 20
+
+    def breaker(self, name: str) -> CircuitBreaker:
+        return CircuitBreaker(name, self.ratio, self.min_failures, self.window)
+
+
+def message_bytes(message: InputMessage) -> int:
+    return len(message.value or b"") + len(message.key or b"")
+
+
+def split_by_bytes(
+    messages: Sequence[InputMessage], max_bytes: int
+) -> Iterator[Sequence[InputMessage]]:
+    """Consecutive parts of at most ``max_bytes`` (a larger message is a part of its own)."""
+    start, size = 0, 0
+    for index, message in enumerate(messages):
+        length = message_bytes(message)
+        if index > start and size + length > max_bytes:
+            yield messages[start:index]
+            start, size = index, 0
+        size += length
+    if start < len(messages):
+        yield messages[start:]
+
+
+class BatchLoop:
+    def __init__(
+        self,
+        handler: BatchHandler,
+        isolation: Isolation,
+        limits: BatchLimits,
+        observer: RetryObserver,
+        stop: Callable[[BaseException], Awaitable[None]],
+        max_backoff_seconds: float = 30.0,
+    ) -> None:
+        self.handler = handler
+        self.isolation = isolation
+        self.limits = limits
+        self._observer = observer
+        self._stop = stop
+        self._max_backoff = max_backoff_seconds
+
+    async def apply(self, batch: Batch) -> None:
+        """Apply every part of ``batch`` (transient failures retried until they pass)."""
+        name = self.handler.name
+
+        def retried(exc: Exception) -> None:
+            self._observer.retried(name, type(exc).__name__)
+
+        for part in split_by_bytes(batch.messages, self.limits.max_bytes):
+            await retry_transient(
+                f"{name}: batch",
+                partial(self.handler.apply, part, self.isolation),
+                self._max_backoff,
+                retried,
+            )
+
+    async def run(self, source: BatchSource) -> None:
+        """Apply every batch of ``source`` until it ends (a faust stream never does: the
+        worker's stop cancels it, and what was not acknowledged is redelivered)."""
+        pending: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+
+        async def apply_in_order() -> None:
+            try:
+                while (batch := await pending.get()) is not None:
+                    await self.apply(batch)
+                    await source.ack(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.critical("%s: stopping the worker: %s", self.handler.name, exc)
+                await self._stop(exc)
+                raise
+
+        writer = asyncio.create_task(apply_in_order(), name=f"{self.handler.name}-writer")
+        try:
+            async for batch in source.batches():
+                if not await self._hand_over(pending, batch, writer):
+                    break
+            else:
+                await self._hand_over(pending, None, writer)
+                await asyncio.wait((writer,))
+        finally:
+            writer.cancel()
+        failure = None if writer.cancelled() or not writer.done() else writer.exception()
+        if failure is not None:
+            raise failure
+
+    @staticmethod
+    async def _hand_over(
+        pending: asyncio.Queue[Batch | None], batch: Batch | None, writer: asyncio.Task[None]
+    ) -> bool:
+        """Queue ``batch`` for the writer; False if the writer stopped (it takes no more)."""
+        put = asyncio.ensure_future(pending.put(batch))
+        await asyncio.wait((put, writer), return_when=asyncio.FIRST_COMPLETED)
+        if writer.done():
+            put.cancel()
+            return False
+        return True
