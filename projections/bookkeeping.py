@@ -12,7 +12,7 @@ import struct
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import psycopg
@@ -355,6 +355,42 @@ def _headers_json(headers: Headers) -> str | None:
 
 def _bytes(value: object) -> bytes | None:
     return None if value is None else bytes(value)  # type: ignore[call-overload]
+
+
+class Tracking(Protocol):
+    """The bookkeeping a runner keeps in each batch's transaction (``PostgresTracking``)."""
+
+    async def lock_offsets(
+        self, conn: Conn, projection: str, positions: Iterable[Position]
+    ) -> dict[Position, int]: ...
+
+    async def save_offsets(
+        self, conn: Conn, projection: str, next_offsets: Mapping[Position, int]
+    ) -> None: ...
+
+    async def load_seen(
+        self, conn: Conn, projection: str, keys: Iterable[EventKey]
+    ) -> dict[EventKey, bytes]: ...
+
+    async def claim_processed(
+        self, conn: Conn, projection: str, processed: Sequence[ProcessedEvent]
+    ) -> None: ...
+
+    async def record_rejections(
+        self, conn: Conn, projection: str, rows: Sequence[RejectionRow]
+    ) -> None: ...
+
+    async def add_to_outbox(
+        self, conn: Conn, producer: str, messages: Sequence[OutboxMessage]
+    ) -> uuid.UUID | None: ...
+
+    async def pending_outbox(
+        self, conn: Conn, producer: str, limit: int = ..., max_bytes: int = ...
+    ) -> list[tuple[int, OutboxMessage]]: ...
+
+    async def remove_outbox_batch(self, conn: Conn, batch_id: uuid.UUID | None) -> None: ...
+
+    async def remove_from_outbox(self, conn: Conn, ids: Sequence[int]) -> None: ...
 
 
 class PostgresTracking:

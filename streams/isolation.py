@@ -21,7 +21,7 @@ from projections.bookkeeping import OutboxMessage
 from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify
 from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage
-from topics.outputs import DeadLetter, DeadLetterReason
+from topics.outputs import KEY_MAX_CHARS, DeadLetter, DeadLetterReason
 from topics.registry import DLQ_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,10 @@ class DeadLetters:
             key=message.key,
             failed_at=self._clock(),
         )
-        return OutboxMessage(message.topic + DLQ_SUFFIX, message.key, encode(record))
+        # The original key may be as large as a message: the dead letter keeps its first bytes
+        # (as ``record.key`` keeps its first characters), so that the letter always fits.
+        key = None if message.key is None else message.key[:KEY_MAX_CHARS]
+        return OutboxMessage(message.topic + DLQ_SUFFIX, key, encode(record))
 
     def invalid(self, message: InputMessage, invalid: InvalidMessage) -> OutboxMessage:
         return self.of(message, invalid.code, invalid.detail)

@@ -95,6 +95,19 @@ def split_by_bytes(
         yield messages[start:]
 
 
+class StopOnce:
+    """Stops the worker once, with the first failure: every agent of a worker shares one."""
+
+    def __init__(self, stop: Callable[[BaseException], Awaitable[None]]) -> None:
+        self._stop = stop
+        self.failure: BaseException | None = None
+
+    async def __call__(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            await self._stop(exc)
+
+
 class BatchLoop:
     def __init__(
         self,
@@ -154,9 +167,11 @@ class BatchLoop:
                 await asyncio.wait((writer,))
         finally:
             writer.cancel()
-        failure = None if writer.cancelled() or not writer.done() else writer.exception()
-        if failure is not None:
-            raise failure
+        # A writer that failed has asked the worker to stop: the loop returns instead of
+        # raising, so that faust's supervisor does not restart the agent while the worker
+        # stops (with two agents failing together, that restart hung the worker).
+        if writer.done() and not writer.cancelled():
+            writer.exception()  # retrieved: it was reported through ``stop``
 
     @staticmethod
     async def _hand_over(

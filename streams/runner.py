@@ -29,7 +29,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from functools import partial
@@ -37,7 +37,7 @@ from typing import Generic, Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, OutboxMessage, PostgresTracking, RejectionRow
+from projections.bookkeeping import Conn, OutboxMessage, PostgresTracking, RejectionRow, Tracking
 from projections.idempotency import EventKey, ProcessedEvent
 from streams.failures import OversizedOutput, retry_transient
 from streams.isolation import Failure, Isolation, message_failure, stage
@@ -75,42 +75,6 @@ class Outcome(Protocol):
     def applied_event_types(self) -> list[str]: ...
 
 
-class Tracking(Protocol):
-    """The bookkeeping a runner keeps in each batch's transaction (``PostgresTracking``)."""
-
-    async def lock_offsets(
-        self, conn: Conn, projection: str, positions: Iterable[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]: ...
-
-    async def save_offsets(
-        self, conn: Conn, projection: str, next_offsets: Mapping[tuple[str, int], int]
-    ) -> None: ...
-
-    async def load_seen(
-        self, conn: Conn, projection: str, keys: Iterable[EventKey]
-    ) -> dict[EventKey, bytes]: ...
-
-    async def claim_processed(
-        self, conn: Conn, projection: str, processed: Sequence[ProcessedEvent]
-    ) -> None: ...
-
-    async def record_rejections(
-        self, conn: Conn, projection: str, rows: Sequence[RejectionRow]
-    ) -> None: ...
-
-    async def add_to_outbox(
-        self, conn: Conn, producer: str, messages: Sequence[OutboxMessage]
-    ) -> uuid.UUID | None: ...
-
-    async def pending_outbox(
-        self, conn: Conn, producer: str, limit: int = ..., max_bytes: int = ...
-    ) -> list[tuple[int, OutboxMessage]]: ...
-
-    async def remove_outbox_batch(self, conn: Conn, batch_id: uuid.UUID | None) -> None: ...
-
-    async def remove_from_outbox(self, conn: Conn, ids: Sequence[int]) -> None: ...
-
-
 class Publisher(Protocol):
     async def publish(self, messages: Sequence[OutboxMessage]) -> None:
         """Return once the broker has every message."""
@@ -118,8 +82,9 @@ class Publisher(Protocol):
 
 
 class Codec(Protocol):
-    def decode(self, key: bytes | None, value: bytes | None) -> EventLike:
-        """The event, or ``InvalidMessage`` with the reason it goes to the dead-letter topic."""
+    def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> EventLike:
+        """The event, or ``InvalidMessage`` with the reason it goes to the dead-letter topic;
+        ``topic`` is the one it arrived on (an event type may belong on one topic only)."""
         ...
 
 
@@ -301,6 +266,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         failed = [*(f for part in parts for f in part.failed), *failed]
         # The breaker judges before anything of the batch is committed.
         dead = isolation.judge(len(fresh), failed)
+        _check_sizes(dead)  # bounded by construction: a failure here is a bug, not a message
         outbox = [*(m for part in parts for m in part.outbox), *dead]
         outbox_batch = await self._tracking.add_to_outbox(conn, projection.name, outbox)
         await self._tracking.save_offsets(conn, projection.name, _next_offsets(messages))
@@ -385,7 +351,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         codec = self.projection.codec
         for message in messages:
             try:
-                event = codec.decode(message.key, message.value)
+                event = codec.decode(message.key, message.value, message.topic)
             except InvalidMessage as invalid:
                 dead.append(isolation.invalid(message, invalid))
                 continue

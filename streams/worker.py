@@ -44,7 +44,7 @@ from streams.app import build_app
 from streams.isolation import Isolation
 from streams.kafka import KafkaPublisher
 from streams.lag import LagCollector
-from streams.loop import BatchHandler, BatchLoop
+from streams.loop import BatchHandler, BatchLoop, StopOnce
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.monitoring import MonitorService
@@ -95,6 +95,8 @@ class Resources:
     pool: AsyncConnectionPool[Conn]
     publisher: KafkaPublisher
     services: list[Service]
+    # Shared by the worker's agents: it stops once, with the first failure.
+    stop: StopOnce
 
 
 def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
@@ -105,21 +107,22 @@ def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources
         DatabaseService(pool),
         PublisherService(publisher),
     ]
-    return Resources(build_app(settings, kind), pool, publisher, services)
+    app = build_app(settings, kind)
+    return Resources(app, pool, publisher, services, StopOnce(app.crash))
 
 
 def add_agent(
     settings: Settings,
     metrics: Metrics,
-    app: faust.App,
+    parts: Resources,
     agent_name: str,
     topic_names: list[str],
     handler: BatchHandler,
 ) -> None:
     """Every agent: the shared batch loop, with its own breaker, on ``topic_names``."""
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics)
-    loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, app.crash)
-    add_batch_agent(app, agent_name, topic_names, loop)
+    loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
+    add_batch_agent(parts.app, agent_name, topic_names, loop)
 
 
 def build_projection_worker(
@@ -142,7 +145,7 @@ def build_projection_worker(
     add_agent(
         settings,
         metrics,
-        parts.app,
+        parts,
         f"{projection.name}-projection",
         [settings.topics.name(spec) for spec in projection.input_specs],
         runner,
@@ -240,7 +243,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
             writes,
         )
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-        add_agent(settings, metrics, parts.app, "embeddings-index", feeds, indexer)
+        add_agent(settings, metrics, parts, "embeddings-index", feeds, indexer)
     elif store == "cache":
         cache = RedisCache(
             connect_redis(settings.redis_url),
@@ -252,7 +255,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
         add_agent(
             settings,
             metrics,
-            parts.app,
+            parts,
             "cache-freshness",
             [settings.topics.name(MEMORY_CURRENT)],
             freshness,
@@ -263,7 +266,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -
         derived = ConversationTableStore("context", "conversation_context", parts.pool)
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
     tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
-    add_agent(settings, metrics, parts.app, handler.name, tombstones, handler)
+    add_agent(settings, metrics, parts, handler.name, tombstones, handler)
     return WorkerParts(parts.app, parts.services, metrics)
 
 

@@ -47,14 +47,25 @@ from topics.schemas import SchemaRegistry
 class LedgerCodec:
     """Requests are contract events; acknowledgements are memproj's own records."""
 
-    def __init__(self, schemas: SchemaRegistry) -> None:
+    def __init__(self, schemas: SchemaRegistry, topics: TopicNames | None = None) -> None:
         self._requests = EventCodec(schemas, frozenset({"deletion.requested"}))
+        self._acks_topic = None if topics is None else topics.name(DELETION_ACKS)
 
-    def decode(self, key: bytes | None, value: bytes | None) -> EventLike:
-        # The runner gives the codec no topic, so the message's own top-level event_type
-        # decides: a marker searched for in the raw bytes would also match a request whose
-        # reason happens to quote it. Whatever is not an acknowledgement (including invalid
-        # JSON) goes to the request decoder, which says precisely what is wrong with it.
+    def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> EventLike:
+        # The topic decides what a message may be: a forged acknowledgement on the public
+        # requests topic must never complete a deletion. Without a topic, the message's own
+        # top-level event_type decides (a marker searched for in the raw bytes would also match
+        # a request whose reason happens to quote it). Whatever is not an acknowledgement
+        # (including invalid JSON) goes to the request decoder, which says what is wrong.
+        if topic is not None and self._acks_topic is not None:
+            is_ack_topic = topic == self._acks_topic
+            if is_ack_topic and value is not None and not _is_acknowledgement(value):
+                raise InvalidMessage(
+                    DeadLetterReason.UNKNOWN_EVENT_TYPE,
+                    f"only deletion.acknowledged belongs on {topic}",
+                )
+            if not is_ack_topic:
+                return self._requests.decode(key, value)
         if value is None or not _is_acknowledgement(value):
             return self._requests.decode(key, value)
         try:
@@ -101,7 +112,7 @@ class LedgerProjection:
         default_deadline: timedelta,
         observer: CompletionObserver,
     ) -> None:
-        self.codec = LedgerCodec(schemas)
+        self.codec = LedgerCodec(schemas, topics)
         self._topics = topics
         self._embedder = embedder
         self._default_deadline = default_deadline

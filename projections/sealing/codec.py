@@ -18,7 +18,7 @@ from projections.sealing.fields import (
     with_placeholders,
 )
 from projections.sealing.keys import KeyStore
-from topics.codec import EventCodec, InvalidMessage
+from topics.codec import EventCodec, InvalidMessage, check_faithful
 from topics.envelope import Envelope
 from topics.outputs import DeadLetterReason
 
@@ -48,9 +48,12 @@ class SealedCodec:
                 refs.append(ref)
         self._keys = await self._keystore.keys(conn, refs)
 
-    def decode(self, key: bytes | None, value: bytes | None) -> Envelope:
+    def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> Envelope:
+        """``topic`` is not needed: a projection reads one sealed topic, and its codec accepts
+        that topic's event types only."""
         if value is None:
             return self._inner.decode(key, value)
+        check_faithful(value)  # before anything below writes it again
         raw: Any = self._parsed.get(value)
         if raw is None:
             try:

@@ -72,7 +72,15 @@ class Sealer:
         accepted = frozenset(
             t for t in schemas.event_types() if t.startswith(("memory.", "conversation."))
         )
-        self.codec = EventCodec(schemas, accepted, {"value": max_value_bytes})
+        self.codec = EventCodec(
+            schemas,
+            accepted,
+            {"value": max_value_bytes},
+            {
+                topics.name(MEMORY_EVENTS): "memory.",
+                topics.name(CONVERSATION_EVENTS): "conversation.",
+            },
+        )
         self._topics = topics
         self._keys = keys
 

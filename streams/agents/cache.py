@@ -29,7 +29,10 @@ class CacheFreshness:
 
     async def _refresh(self, message: InputMessage) -> None:
         with stage("decode"):
-            tenant_id, memory_id = entity_of_message(message.key, message.headers)
+            try:
+                tenant_id, memory_id = entity_of_message(message.key, message.headers)
+            except UnicodeDecodeError as exc:
+                raise InvalidMessage(DeadLetterReason.INVALID_KEY, str(exc)) from exc
             subject = None
             if message.value:
                 try:

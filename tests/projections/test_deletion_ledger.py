@@ -30,6 +30,7 @@ from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
 from topics.outputs import DeadLetterReason, MemoryRecord, RejectionReason
+from topics.registry import DELETION_ACKS, DELETION_REQUESTS, TopicNames
 from topics.schemas import default_schemas
 
 NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
@@ -218,3 +219,20 @@ def test_the_ledger_codec_decodes_acks_and_dead_letters_what_it_cannot_read() ->
         with pytest.raises(InvalidMessage) as raised:
             codec.decode(key, value)
         assert raised.value.code == code, value
+
+
+def test_the_topic_decides_what_a_ledger_message_may_be() -> None:
+    topics = TopicNames("p.")
+    codec = LedgerCodec(SCHEMAS, topics)
+    f = EventFactory(clock=NOW)
+    request = to_message(f.deletion("t1", "d1", {"type": "memory", "id": "m1"}))
+    # A forged acknowledgement on the public requests topic must never complete a deletion.
+    for key, value, topic in [
+        (b"t1:d1", encode(ack("cache")), topics.name(DELETION_REQUESTS)),
+        (*request, topics.name(DELETION_ACKS)),
+    ]:
+        with pytest.raises(InvalidMessage) as raised:
+            codec.decode(key, value, topic)
+        assert raised.value.code == DeadLetterReason.UNKNOWN_EVENT_TYPE
+    assert codec.decode(b"t1:d1", encode(ack("cache")), topics.name(DELETION_ACKS)) == ack("cache")
+    assert isinstance(codec.decode(*request, topics.name(DELETION_REQUESTS)), DeletionRequested)

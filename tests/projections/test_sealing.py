@@ -293,3 +293,23 @@ def test_corrections_sealed_before_1_1_read_their_explicit_null_as_removing_the_
     assert events[1].payload.expiry_given
     record = reduce_batch(events, {}, {}).records[("t1", "m1")]  # type: ignore[arg-type]
     assert record.version == 2 and record.expires_at is None
+
+
+def test_the_sealer_refuses_an_event_on_the_other_input_topic() -> None:
+    from projections.sealing.crypto import parse_master_key
+    from projections.sealing.keys import KeyStore
+    from projections.sealing.sealer import Sealer
+    from streams.sample import EventFactory, to_message
+    from topics.codec import InvalidMessage
+    from topics.outputs import DeadLetterReason
+    from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicNames
+    from topics.schemas import default_schemas
+
+    topics = TopicNames("p.")
+    key = parse_master_key("bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE=")
+    sealer = Sealer(default_schemas(), topics, KeyStore(key), 65536)
+    message = to_message(EventFactory().proposed("t1", "m1"))
+    assert sealer.codec.decode(*message, topics.name(MEMORY_EVENTS)).event_type == "memory.proposed"
+    with pytest.raises(InvalidMessage) as raised:
+        sealer.codec.decode(*message, topics.name(CONVERSATION_EVENTS))
+    assert raised.value.code == DeadLetterReason.UNKNOWN_EVENT_TYPE

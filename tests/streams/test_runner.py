@@ -160,7 +160,7 @@ class Outcome:
 
 
 class Codec:
-    def decode(self, key: bytes | None, value: bytes | None) -> Event:
+    def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> Event:
         body = orjson.loads(value or b"null")
         if body is None:
             raise InvalidMessage(DeadLetterReason.EMPTY_VALUE, "no value")
