@@ -17,12 +17,20 @@ EntryKind = Literal["memory", "message"]
 KINDS: tuple[EntryKind, ...] = ("memory", "message")
 
 
+def _part(text: str) -> str:
+    """One id part with ``%`` and ``:`` escaped, so that joined parts split back one way only:
+    tenant ``acme:x`` with memory ``m1`` and tenant ``acme`` with memory ``x:m1`` were one
+    entry, and one tenant's upsert overwrote the other's. An id without either character is
+    unchanged, so the entries indexed before stay where they are."""
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
 def memory_entry_id(tenant_id: str, memory_id: str) -> str:
-    return f"memory:{tenant_id}:{memory_id}"
+    return f"memory:{_part(tenant_id)}:{_part(memory_id)}"
 
 
 def message_entry_id(tenant_id: str, conversation_id: str, message_id: str) -> str:
-    return f"message:{tenant_id}:{conversation_id}:{message_id}"
+    return f"message:{_part(tenant_id)}:{_part(conversation_id)}:{_part(message_id)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ from datetime import UTC
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from projections.embeddings.lance import LanceVectorStore, sql_string
 from projections.embeddings.vectors import Match, memory_entry_id, message_entry_id
@@ -17,6 +19,16 @@ from support.vector_entries import EMBEDDER, ids, memory, message
 def test_entry_ids_name_the_kind_tenant_and_source() -> None:
     assert memory_entry_id("t1", "m1") == "memory:t1:m1"
     assert message_entry_id("t1", "c1", "msg1") == "message:t1:c1:msg1"
+
+
+@given(
+    st.lists(st.text(alphabet=":%a", max_size=4), min_size=3, max_size=3),
+    st.lists(st.text(alphabet=":%a", max_size=4), min_size=3, max_size=3),
+)
+def test_entry_ids_name_one_entry_each(one: list[str], other: list[str]) -> None:
+    # Ids joined with ":" once collided across tenants ("acme:x"/"m1" and "acme"/"x:m1").
+    assert (memory_entry_id(*one[:2]) == memory_entry_id(*other[:2])) == (one[:2] == other[:2])
+    assert (message_entry_id(*one) == message_entry_id(*other)) == (one == other)
 
 
 def test_upserted_entries_come_back_as_they_were_stored(store: LanceVectorStore) -> None:
