@@ -30,11 +30,13 @@ from projections.sealing.fields import (
     seal_erased,
     unseal,
 )
+from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
-from topics.registry import TopicNames
+from topics.outputs import DeadLetterReason
+from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicNames
 from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 MASTER = new_data_key()
@@ -296,15 +298,6 @@ def test_corrections_sealed_before_1_1_read_their_explicit_null_as_removing_the_
 
 
 def test_the_sealer_refuses_an_event_on_the_other_input_topic() -> None:
-    from projections.sealing.crypto import parse_master_key
-    from projections.sealing.keys import KeyStore
-    from projections.sealing.sealer import Sealer
-    from streams.sample import EventFactory, to_message
-    from topics.codec import InvalidMessage
-    from topics.outputs import DeadLetterReason
-    from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicNames
-    from topics.schemas import default_schemas
-
     topics = TopicNames("p.")
     key = parse_master_key("bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE=")
     sealer = Sealer(default_schemas(), topics, KeyStore(key), 65536)
