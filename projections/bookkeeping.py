@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from psycopg.pq import Format
 
 from projections.idempotency import EventKey, ProcessedEvent
 from topics.outputs import Rejection
-from topics.registry import Headers
+from topics.registry import Headers, entity_key
 
 
 class ConcurrentClaim(RuntimeError):
@@ -325,18 +325,98 @@ async def pending_outbox(
         " WHERE n = 1 OR running <= %s ORDER BY id",
         (producer, limit, max_bytes),
     )
-    return [
-        (
-            int(row[0]),
-            OutboxMessage(
-                str(row[1]),
-                _bytes(row[2]),
-                _bytes(row[3]),
-                tuple((str(name), str(value)) for name, value in row[4] or ()),
-            ),
+    return [(int(row[0]), _outbox_message(row)) for row in await cursor.fetchall()]
+
+
+def _outbox_message(row: Sequence[Any]) -> OutboxMessage:
+    """An OutboxMessage from a row of (id, topic, key, value, headers)."""
+    return OutboxMessage(
+        str(row[1]),
+        _bytes(row[2]),
+        _bytes(row[3]),
+        tuple((str(name), str(value)) for name, value in row[4] or ()),
+    )
+
+
+# -- publishing with the rows locked (issue 15) -------------------------------------------
+# A publisher holds the rows it publishes locked (FOR UPDATE) from before the publication until
+# their deletion commits. An erasure deletes its memories' pending rows in its own transaction
+# (``remove_pending_messages``): it either waits for a publication in progress and then finds
+# the rows gone, so the ledger's null, published after the erasure commits, lands after them;
+# or it deletes them first, and a publisher that then locks its batch finds them gone and does
+# not publish them. Either way the null is the last record of the key.
+
+Publish = Callable[[Sequence[OutboxMessage]], Awaitable[None]]
+
+
+async def publish_outbox_batch(
+    conn: Conn, batch_id: uuid.UUID | None, messages: Sequence[OutboxMessage], publish: Publish
+) -> None:
+    """Publish a committed batch's outbox (``messages``, as staged) and delete it, its rows
+    locked throughout. Rows an erasure removed meanwhile are not published."""
+    if batch_id is None:
+        return
+    async with conn.transaction():
+        cursor = await conn.execute(
+            "SELECT id FROM outbox WHERE batch_id = %s ORDER BY id FOR UPDATE", (batch_id,)
         )
-        for row in await cursor.fetchall()
-    ]
+        ids = [int(row[0]) for row in await cursor.fetchall()]
+        if len(ids) != len(messages):  # rows only ever leave a batch: an erasure took some
+            messages = [message for _, message in await _locked_rows(conn, ids)]
+        await publish(messages)
+        await conn.execute("DELETE FROM outbox WHERE batch_id = %s", (batch_id,))
+
+
+async def publish_pending_outbox(
+    conn: Conn, producer: str, publish: Publish, max_bytes: int = 32 * 1024 * 1024
+) -> int:
+    """Publish and delete the oldest staged messages of ``producer`` (a bounded amount, as
+    ``pending_outbox``), their rows locked throughout; returns how many."""
+    async with conn.transaction():
+        ids = [i for i, _ in await pending_outbox(conn, producer, max_bytes=max_bytes)]
+        pending = await _locked_rows(conn, ids)
+        if pending:
+            await publish([message for _, message in pending])
+            await remove_from_outbox(conn, [i for i, _ in pending])
+        return len(pending)
+
+
+async def _locked_rows(conn: Conn, ids: Sequence[int]) -> list[tuple[int, OutboxMessage]]:
+    """The rows of ``ids`` still there, locked (a row deleted while this waited is left out)."""
+    if not ids:
+        return []
+    cursor = await conn.execute(
+        "SELECT id, topic, key, value, headers FROM outbox WHERE id = ANY(%s)"
+        " ORDER BY id FOR UPDATE",
+        (list(ids),),
+    )
+    return [(int(row[0]), _outbox_message(row)) for row in await cursor.fetchall()]
+
+
+async def remove_pending_messages(
+    conn: Conn, topic_base_name: str, tenant_id: str, entity_ids: Sequence[str]
+) -> int:
+    """Delete the staged messages on ``topic_base_name`` (under any prefix) whose entity
+    headers (``topics.registry.entity_headers``) name one of ``entity_ids`` of ``tenant_id``;
+    waits for any publication of them in progress. Matched on the headers, never on the key
+    alone, which reads the same for tenant ``a:b``/memory ``m`` and tenant ``a``/``b:m``."""
+    if not entity_ids:
+        return 0
+    cursor = await conn.execute(
+        "DELETE FROM outbox WHERE right(topic, length(%(topic)s)) = %(topic)s"
+        " AND key = ANY(%(keys)s)"
+        " AND EXISTS (SELECT FROM jsonb_array_elements(headers) AS h"
+        "  WHERE h->>0 = 'tenant_id' AND h->>1 = %(tenant)s)"
+        " AND EXISTS (SELECT FROM jsonb_array_elements(headers) AS h"
+        "  WHERE h->>0 = 'entity_id' AND h->>1 = ANY(%(entities)s))",
+        {
+            "topic": topic_base_name,
+            "keys": [entity_key(tenant_id, entity).encode() for entity in entity_ids],
+            "tenant": tenant_id,
+            "entities": list(entity_ids),
+        },
+    )
+    return cursor.rowcount
 
 
 async def remove_outbox_batch(conn: Conn, batch_id: uuid.UUID | None) -> None:
@@ -392,6 +472,18 @@ class Tracking(Protocol):
 
     async def remove_from_outbox(self, conn: Conn, ids: Sequence[int]) -> None: ...
 
+    async def publish_outbox_batch(
+        self,
+        conn: Conn,
+        batch_id: uuid.UUID | None,
+        messages: Sequence[OutboxMessage],
+        publish: Publish,
+    ) -> None: ...
+
+    async def publish_pending_outbox(
+        self, conn: Conn, producer: str, publish: Publish, max_bytes: int = ...
+    ) -> int: ...
+
 
 class PostgresTracking:
     """The bookkeeping tables as a projection runner uses them, in the caller's transaction
@@ -406,3 +498,5 @@ class PostgresTracking:
     pending_outbox = staticmethod(pending_outbox)
     remove_outbox_batch = staticmethod(remove_outbox_batch)
     remove_from_outbox = staticmethod(remove_from_outbox)
+    publish_outbox_batch = staticmethod(publish_outbox_batch)
+    publish_pending_outbox = staticmethod(publish_pending_outbox)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from projections.bookkeeping import Conn
+from projections.deletion import coverage
 
 BOOKKEEPING = ("processed_events", "projection_offsets", "rejections", "outbox")
 
@@ -106,44 +107,16 @@ async def create_shadow(conn: Conn, spec: ShadowSpec, live: str, shadow: str) ->
         )
 
 
-# Deletes, from the tables of the current search path, everything an erasure covers that is
-# not newer than its cut-off. A rebuild that ran while deletions happened is swept before it
-# is swapped in; deleting nothing is the expected outcome.
-_SWEEPS: dict[str, tuple[str, ...]] = {
-    "memory": (
-        "DELETE FROM memories m USING erased_entities e WHERE e.tenant_id = m.tenant_id"
-        " AND m.created_at <= e.cut_off AND ("
-        " (e.entity_type = 'memory' AND e.entity_id = m.memory_id)"
-        " OR (e.entity_type = 'subject' AND e.subject_type = m.subject_type"
-        "     AND e.entity_id = m.subject_id)"
-        " OR (e.entity_type = 'conversation' AND e.entity_id = m.source_conversation_id))",
-        "DELETE FROM memory_versions m USING erased_entities e WHERE e.tenant_id = m.tenant_id"
-        " AND m.occurred_at <= e.cut_off AND ("
-        " (e.entity_type = 'memory' AND e.entity_id = m.memory_id)"
-        " OR (e.entity_type = 'subject' AND e.subject_type = m.subject_type"
-        "     AND e.entity_id = m.subject_id)"
-        " OR (e.entity_type = 'conversation' AND e.entity_id = m.source_conversation_id))",
-    ),
-    "conversation": tuple(
-        f"DELETE FROM {table} t USING erased_entities e WHERE e.tenant_id = t.tenant_id"
-        f" AND t.{stamp} <= e.cut_off AND ("
-        " (e.entity_type = 'conversation' AND e.entity_id = t.conversation_id)"
-        " OR (e.entity_type = 'subject' AND e.subject_type = t.owner_type"
-        "     AND e.entity_id = t.owner_id))"
-        for table, stamp in (
-            ("conversations", "started_at"),
-            ("conversation_messages", "occurred_at"),
-            ("conversation_summaries", "occurred_at"),
-            ("conversation_context", "built_at"),
-        )
-    ),
-}
-
-
 async def sweep_erased(conn: Conn, spec: ShadowSpec) -> int:
+    """Deletes, from the tables of the current search path, everything an erasure covers (the
+    rule of ``coverage``). A rebuild that ran while deletions happened is swept before it is
+    swapped in; deleting nothing is the expected outcome."""
     removed = 0
-    for statement in _SWEEPS[spec.projection]:
-        cursor = await conn.execute(statement.encode())
+    schema = await current_schema(conn)
+    for table in spec.table_names:
+        cursor = await conn.execute(
+            coverage.BY_TABLE[table].erase(schema, sql.Identifier("erased_entities"))
+        )
         removed += cursor.rowcount
     return removed
 

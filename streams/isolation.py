@@ -17,11 +17,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
-from projections.bookkeeping import OutboxMessage
+from psycopg_pool import AsyncConnectionPool
+
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.deadletters import (
+    DeadLetterMessage,
+    LetterKeys,
+    LetterSealer,
+    Position,
+    PostgresLetterKeys,
+    letter_keys,
+)
 from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify
 from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage
-from topics.outputs import KEY_MAX_CHARS, DeadLetter, DeadLetterReason
+from topics.outputs import KEY_MAX_CHARS, ORIGINAL_MAX_BYTES, DeadLetter, DeadLetterReason
 from topics.registry import DLQ_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -156,32 +166,74 @@ class CircuitBreaker:
 
 
 class DeadLetters:
-    """Builds the dead letter of a message, the same way for every worker."""
+    """Builds the dead letter of a message, the same way for every worker: the original and
+    the error's detail sealed under a fresh key (``projections.deadletters``), the letter's
+    ``error`` free of anything the message held. The key row travels with the message
+    (``DeadLetterMessage``) and is made durable by ``keep_in`` (in a projection's batch
+    transaction) or ``keep`` (an agent, before it publishes)."""
 
-    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        sealer: LetterSealer,
+        keys: LetterKeys,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._sealer = sealer
+        self._keys = keys
         self._clock = clock
 
-    def of(self, message: InputMessage, code: DeadLetterReason, error: str) -> OutboxMessage:
-        record = DeadLetter.of(
-            message.value,
+    @classmethod
+    def in_postgres(cls, master_key: bytes, pool: AsyncConnectionPool[Conn]) -> DeadLetters:
+        return cls(LetterSealer(master_key), PostgresLetterKeys(pool))
+
+    def of(
+        self, message: InputMessage, code: DeadLetterReason, error: str, detail: str
+    ) -> DeadLetterMessage:
+        """The letter of ``message``: ``error`` is published as it is, ``detail`` sealed."""
+        failed_at = self._clock()
+        at = Position(message.topic, message.partition, message.offset)
+        sealed, letter_key = self._sealer.seal(at, message.key, message.value, detail, failed_at)
+        value = message.value or b""
+        record = DeadLetter(
+            original="",
             topic=message.topic,
             partition=message.partition,
             offset=message.offset,
             error=error,
             error_code=code,
-            key=message.key,
-            failed_at=self._clock(),
+            key=None
+            if message.key is None
+            else message.key.decode(errors="replace")[:KEY_MAX_CHARS],
+            failed_at=failed_at,
+            original_truncated=len(value) > ORIGINAL_MAX_BYTES,
+            original_size=len(value),
+            sealed_original=sealed,
         )
         # The original key may be as large as a message: the dead letter keeps its first bytes
         # (as ``record.key`` keeps its first characters), so that the letter always fits.
         key = None if message.key is None else message.key[:KEY_MAX_CHARS]
-        return OutboxMessage(message.topic + DLQ_SUFFIX, key, encode(record))
+        return DeadLetterMessage(
+            message.topic + DLQ_SUFFIX, key, encode(record), letter_key=letter_key
+        )
 
     def invalid(self, message: InputMessage, invalid: InvalidMessage) -> OutboxMessage:
-        return self.of(message, invalid.code, invalid.detail)
+        # The codec's detail may quote the message (a key, an event type, a field name).
+        return self.of(
+            message, invalid.code, f"{invalid.code.value} (detail sealed)", invalid.detail
+        )
 
     def failed(self, message: InputMessage, failure: Failure) -> OutboxMessage:
-        return self.of(message, failure.code, failure.describe())
+        # An exception's text may quote what it failed on (a database error quotes the row).
+        error = f"{failure.stage}: {failure.error_class} (detail sealed)"
+        return self.of(message, failure.code, error, failure.describe())
+
+    async def keep_in(self, conn: Conn, messages: Sequence[OutboxMessage]) -> None:
+        """Store the key rows of the letters among ``messages`` in the caller's transaction."""
+        await self._keys.save_in(conn, letter_keys(messages))
+
+    async def keep(self, messages: Sequence[OutboxMessage]) -> None:
+        """Store the key rows of the letters among ``messages``; call before publishing."""
+        await self._keys.save(letter_keys(messages))
 
 
 class DeadLetterObserver(Protocol):
@@ -196,10 +248,10 @@ class Isolation:
         self,
         breaker: CircuitBreaker,
         observer: DeadLetterObserver,
-        dead_letters: DeadLetters | None = None,
+        dead_letters: DeadLetters,
     ) -> None:
         self.breaker = breaker
-        self.dead_letters = dead_letters or DeadLetters()
+        self.dead_letters = dead_letters
         self._observer = observer
 
     async def each(

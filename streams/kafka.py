@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from projections.bookkeeping import OutboxMessage
 from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
@@ -81,6 +88,11 @@ class KafkaPublisher:
                     self._producer.poll(0.1)
         remaining = self._producer.flush(timeout)
         if remaining:
+            # Wait until nothing is in flight before failing (librdkafka fails a message by
+            # ``message.timeout.ms`` at the latest): a caller that gives up releases the
+            # outbox rows' locks, and an erased value still in flight would then land after
+            # the erasure's null (``projections.bookkeeping.publish_outbox_batch``).
+            self._producer.flush()
             raise PublishFailed(f"{remaining} messages not delivered within {timeout}s")
         if errors:
             raise PublishFailed(f"{len(errors)} messages failed: {errors[0]}")
@@ -97,24 +109,31 @@ class KafkaPublisher:
 class TopicCreation:
     name: str
     created: bool
-    detail: str
+    detail: str  # created, exists or updated
+    # For an existing topic brought up to the registry: "name: old -> new", one per config.
+    changes: tuple[str, ...] = ()
+
+
+def config_changes(wanted: Mapping[str, str], current: Mapping[str, str | None]) -> dict[str, str]:
+    """The configs of ``wanted`` whose value on the broker differs (or is unset)."""
+    return {name: value for name, value in wanted.items() if current.get(name) != value}
 
 
 def create_topics(
     bootstrap: str, names: TopicNames, specs: Iterable[TopicSpec], timeout: float = 30.0
 ) -> list[TopicCreation]:
-    """Create every topic that does not exist yet; existing topics are left as they are."""
+    """Create every topic that does not exist yet, and bring the configs of those that do up
+    to the registry (an incremental alter of only what differs, so that an upgrade gets new
+    lifetimes; configs the registry does not name are left as the operator set them)."""
     specs = list(specs)
     admin = AdminClient(admin_config(bootstrap))
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [spec for spec in specs if names.name(spec) not in existing]
-    results = [
-        TopicCreation(names.name(spec), False, "exists")
-        for spec in specs
-        if names.name(spec) in existing
-    ]
+    results = align_topic_configs(
+        admin, names, [spec for spec in specs if names.name(spec) in existing], timeout
+    )
     if not wanted:
-        return results
+        return sorted(results, key=lambda result: result.name)
     futures = admin.create_topics(
         [
             NewTopic(
@@ -138,6 +157,50 @@ def create_topics(
                 raise
             results.append(TopicCreation(name, False, "exists"))
     return sorted(results, key=lambda result: result.name)
+
+
+def align_topic_configs(
+    admin: AdminClient, names: TopicNames, specs: Sequence[TopicSpec], timeout: float = 30.0
+) -> list[TopicCreation]:
+    """Set, on existing topics, every registry config whose value differs on the broker."""
+    if not specs:
+        return []
+    resources = [ConfigResource(ResourceType.TOPIC, names.name(spec)) for spec in specs]
+    described = admin.describe_configs(resources, request_timeout=timeout)
+    current = {
+        resource.name: {name: entry.value for name, entry in future.result().items()}
+        for resource, future in described.items()
+    }
+    changes = {
+        names.name(spec): config_changes(spec.config(), current[names.name(spec)]) for spec in specs
+    }
+    alters = [
+        ConfigResource(
+            ResourceType.TOPIC,
+            name,
+            incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                for key, value in sorted(changed.items())
+            ],
+        )
+        for name, changed in changes.items()
+        if changed
+    ]
+    if alters:
+        for future in admin.incremental_alter_configs(alters, request_timeout=timeout).values():
+            future.result()
+    return [
+        TopicCreation(
+            name,
+            False,
+            "updated" if changed else "exists",
+            tuple(
+                f"{key}: {current[name].get(key)} -> {value}"
+                for key, value in sorted(changed.items())
+            ),
+        )
+        for name, changed in changes.items()
+    ]
 
 
 def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 60.0) -> None:

@@ -4,23 +4,21 @@ verify completed deletions with the retrieval probe, and refresh the deletion me
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping
+from projections import bookkeeping, deadletters, rebuilds
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.cache.store import RedisCache
 from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
-from projections.embeddings.vectors import VectorStore
+from projections.stores import STORE_NAMES, DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from topics.codec import encode
-from topics.deletion import STORES
 from topics.registry import DELETION_STATUS, DELETION_TOMBSTONES, TopicNames, entity_key
 
 log = logging.getLogger(__name__)
@@ -32,23 +30,23 @@ class LedgerMaintenance(Service):
         self,
         pool: AsyncConnectionPool[Conn],
         publisher: KafkaPublisher,
-        vectors: VectorStore,
-        cache: RedisCache,
+        stores: Sequence[DerivedStore],
         topics: TopicNames,
         metrics: Metrics,
         interval: timedelta,
         redelivery_interval: timedelta,
+        rebuild_grace: timedelta,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         **kwargs: Any,
     ) -> None:
         self._pool = pool
         self._publisher = publisher
-        self._vectors = vectors
-        self._cache = cache
+        self._stores = stores
         self._topics = topics
         self._metrics = metrics
         self._interval = interval.total_seconds()
         self._redelivery_interval = redelivery_interval
+        self._rebuild_grace = rebuild_grace
         self._clock = clock
         super().__init__(**kwargs)
 
@@ -56,7 +54,14 @@ class LedgerMaintenance(Service):
     async def _duties(self) -> None:
         while not self.should_stop:
             await self.sleep(self._interval)
-            for duty in (self.redeliver_overdue, self.verify_completed, self.refresh_metrics):
+            for duty in (
+                self.redeliver_overdue,
+                self.verify_completed,
+                self.refresh_metrics,
+                self.drop_expired_rebuilds,
+                self.drop_expired_probes,
+                self.destroy_expired_letter_keys,
+            ):
                 try:
                     await duty()
                 except Exception:
@@ -115,7 +120,7 @@ class LedgerMaintenance(Service):
                 await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
             done = 0
             for tenant_id, deletion_id in await queries.unverified(conn):
-                result = await verify(conn, self._vectors, self._cache, tenant_id, deletion_id)
+                result = await verify(conn, self._stores, tenant_id, deletion_id)
                 await lifecycle.save_verification(
                     conn, tenant_id, deletion_id, result, self._clock()
                 )
@@ -130,9 +135,36 @@ class LedgerMaintenance(Service):
                 done += 1
             return done
 
+    async def drop_expired_rebuilds(self) -> list[str]:
+        """Rebuild shadows and retired tables are kept for the grace period only."""
+        async with self._pool.connection() as conn, conn.transaction():
+            dropped = await rebuilds.drop_expired(conn, self._clock(), self._rebuild_grace)
+        if dropped:
+            log.warning("dropped rebuild schemas past their grace period: %s", dropped)
+        return dropped
+
+    async def drop_expired_probes(self) -> int:
+        """Probes are kept until their deletion is verified or its deadline passes, whichever
+        comes first (verification deletes its own)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            dropped = await lifecycle.drop_expired_probes(conn, self._clock())
+        if dropped:
+            log.warning("dropped %d deletion probes at their deadline, unverified", dropped)
+        return dropped
+
+    async def destroy_expired_letter_keys(self) -> int:
+        """A dead letter opens until the end of its retention (the DLQ topics' too): then its
+        key is destroyed, whatever the topic still holds."""
+        async with self._pool.connection() as conn, conn.transaction():
+            destroyed = await deadletters.destroy_expired(conn, self._clock())
+        if destroyed:
+            log.info("destroyed %d dead-letter keys at the end of their retention", destroyed)
+        return destroyed
+
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:
             pending = await queries.pending_by_store(conn, self._clock())
             blocked = await queries.blocked_reads(conn)
-        self._metrics.pending_deletions(pending, STORES)
+        self._metrics.pending_deletions(pending, STORE_NAMES)
+        self._metrics.deletion_slos({s.name: s.deletion_slo_seconds for s in self._stores})
         self._metrics.blocked_reads(blocked)

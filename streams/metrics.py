@@ -114,6 +114,12 @@ class Metrics:
             ["group", "topic", "partition"],
             registry=registry,
         )
+        self.deletion_slo = Gauge(
+            "memproj_deletion_slo_seconds",
+            "how long a derived store may take to acknowledge a tombstone (its registry entry)",
+            ["store"],
+            registry=registry,
+        )
         self.ghosts = Gauge(
             "memproj_ghost_items",
             "items found in a store although the ledger says they are deleted",
@@ -135,6 +141,39 @@ class Metrics:
             registry=registry,
         )
         self._newest_applied: dict[str, datetime] = {}
+        # -- topic lifetimes (streams.trim, streams.compaction) ---------------------------
+        self.raw_trimmed_records = Counter(
+            "memproj_raw_trim_records",
+            "raw input records deleted (DeleteRecords) once the sealer had committed them",
+            ["topic"],
+            registry=registry,
+        )
+        self.raw_trim_errors = Counter(
+            "memproj_raw_trim_errors",
+            "raw input trims that failed: transient (retried next round) or refused (by the "
+            "broker or an ACL, e.g. TOPIC_AUTHORIZATION_FAILED: needs an operator)",
+            ["topic", "kind", "error"],
+            registry=registry,
+        )
+        self.raw_untrimmed_records = Gauge(
+            "memproj_raw_trim_behind_records",
+            "raw input records the sealer has committed but that are not deleted yet",
+            ["topic"],
+            registry=registry,
+        )
+        self.compaction_rolls = Counter(
+            "memproj_compaction_rolls",
+            "markers appended to a quiet compacted partition so that its segment rolls",
+            ["topic"],
+            registry=registry,
+        )
+        self.compaction_roll_errors = Counter(
+            "memproj_compaction_roll_errors",
+            "segment-roll checks that failed (retried next round)",
+            ["topic", "error"],
+            registry=registry,
+        )
+        # -- end of topic lifetimes
 
     def batch_applied(
         self,
@@ -172,6 +211,10 @@ class Metrics:
 
     def deletion_completed(self, seconds: float) -> None:
         self.deletion_completion.observe(seconds)
+
+    def deletion_slos(self, slo_seconds: Mapping[str, float]) -> None:
+        for store, seconds in slo_seconds.items():
+            self.deletion_slo.labels(store).set(seconds)
 
     def pending_deletions(
         self, by_store: Mapping[str, PendingDeletions], stores: tuple[str, ...]

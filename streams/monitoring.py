@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,9 +14,8 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
 from projections.deletion.audit import audit_ghosts
-from projections.embeddings.vectors import VectorStore
+from projections.stores import DerivedStore
 from streams.lag import LagCollector
 from streams.metrics import Metrics
 
@@ -28,8 +27,7 @@ class MonitorService(Service):
         self,
         lag: LagCollector,
         pool: AsyncConnectionPool[Conn],
-        vectors: VectorStore,
-        cache: RedisCache,
+        stores: Sequence[DerivedStore],
         metrics: Metrics,
         interval: timedelta,
         audit_interval: timedelta,
@@ -38,8 +36,7 @@ class MonitorService(Service):
     ) -> None:
         self._lag = lag
         self._pool = pool
-        self._vectors = vectors
-        self._cache = cache
+        self._stores = stores
         self._metrics = metrics
         self._interval = interval.total_seconds()
         self._audit_interval = audit_interval.total_seconds()
@@ -63,7 +60,7 @@ class MonitorService(Service):
 
     async def audit(self) -> None:
         async with self._pool.connection() as conn:
-            results = await audit_ghosts(conn, self._vectors, self._cache, self._clock())
+            results = await audit_ghosts(conn, self._stores, self._clock())
         self._last_audit = time.monotonic()
         self._metrics.ghost_items({store: len(r.ghosts) for store, r in results.items()})
         for result in results.values():

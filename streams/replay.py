@@ -31,12 +31,17 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from psycopg.conninfo import make_conninfo
 
+from projections import rebuilds
 from projections import shadow as shadows
 from projections.bookkeeping import Conn, OutboxMessage
+from projections.deadletters import LetterSealer, UnpublishedLetterKeys
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
-from projections.embeddings.vectors import VectorEntry
-from streams.isolation import CircuitBreaker, Isolation
+from projections.embeddings.vectors import VectorEntry, VectorStore
+from projections.sealing.crypto import parse_master_key
+from projections.sealing.keys import KeyStore
+from projections.stores.embeddings import covered_entries
+from streams.isolation import CircuitBreaker, DeadLetters, Isolation
 from streams.kafka import admin_config, consumer_config
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
@@ -53,6 +58,11 @@ Position = tuple[str, int]
 class ReplayStopped(RuntimeError):
     """The rebuild cannot go on or cannot swap: the log holds a message it cannot apply (e.g.
     an unknown schema version), or a worker still writes the store it would replace."""
+
+
+def _unpublished_letters(settings: Settings) -> DeadLetters:
+    """A rebuild's dead letters: built as live, never published (``DiscardingPublisher``)."""
+    return DeadLetters(LetterSealer(parse_master_key(settings.master_key)), UnpublishedLetterKeys())
 
 
 class DiscardingPublisher:
@@ -240,6 +250,7 @@ async def replay_projection(
     async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as live_conn:
         live = await shadows.current_schema(live_conn)
         await shadows.create_shadow(live_conn, spec, live, shadow)
+        await rebuilds.register(live_conn, shadow, spec.projection, "shadow")
         await live_conn.commit()
         shadow_dsn = make_conninfo(settings.postgres_dsn, options=f"-csearch_path={shadow},{live}")
         pool = make_pool(shadow_dsn, 2)
@@ -248,7 +259,9 @@ async def replay_projection(
         runner = ProjectionRunner(projection, pool, DiscardingPublisher(), settings.topics, metrics)
         # A rebuild dead-letters nothing (DiscardingPublisher stops it instead), and a
         # systemic fault stops it like a live worker.
-        isolation = Isolation(CircuitBreaker(f"replay {projection.name}"), metrics)
+        isolation = Isolation(
+            CircuitBreaker(f"replay {projection.name}"), metrics, _unpublished_letters(settings)
+        )
         consumer = reader(settings)
         try:
             topics = [settings.topics.name(s) for s in projection.input_specs]
@@ -305,7 +318,9 @@ async def _swap(
         async with pool.connection() as shadow_conn, shadow_conn.transaction():
             report.swept = await shadows.sweep_erased(shadow_conn, spec)
         await shadows.swap(live_conn, spec, live, shadow, retired)
+        await rebuilds.register(live_conn, retired, spec.projection, "retired")
     await shadows.drop_schema(live_conn, shadow)  # only its copies of the bookkeeping remain
+    await rebuilds.forget(live_conn, shadow)
     await live_conn.commit()
     report.swapped = True
     report.retired = retired
@@ -346,8 +361,12 @@ async def replay_embeddings(
     indexer = EmbeddingsIndexer(
         pool, shadow, HashingEmbedder(settings.embedding_dim), DiscardingPublisher(),
         settings.topics, metrics, asyncio.Lock(),
+        # The records of conversation.messages are sealed: the erased ones stay shut.
+        KeyStore(parse_master_key(settings.master_key)),
     )  # fmt: skip
-    isolation = Isolation(CircuitBreaker("replay embeddings"), metrics)
+    isolation = Isolation(
+        CircuitBreaker("replay embeddings"), metrics, _unpublished_letters(settings)
+    )
     consumer = reader(settings)
     try:
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
@@ -360,30 +379,37 @@ async def replay_embeddings(
             if on_progress is not None:
                 on_progress(progress)
         report = ReplayReport("embeddings", name, progress.done, time.monotonic() - began, {})
-        rebuilt = await asyncio.to_thread(shadow.entries)
-        current = await asyncio.to_thread(live.entries)
+        rebuilt = await asyncio.to_thread(every_entry, shadow)
+        current = await asyncio.to_thread(every_entry, live)
         report.differences = shadows.differences(_digests(current), _digests(rebuilt))
         if swap == "always" or (swap == "if-equal" and not report.differences):
             members = group_members(settings, settings.group_id("embeddings"))
             if members:
                 raise ReplayStopped(
                     f"the embeddings worker is running ({', '.join(members)}): stop it to swap"
-                    f" the rebuilt vectors in; the rebuild stays in table {name}"
+                    " the rebuilt vectors in, and replay again; nothing was swapped"
                 )
             # A deletion during the rebuild may have reached the live table (and been acked)
             # after the shadow indexed the item: the shadow is swept before it replaces it.
             async with pool.connection() as conn:
-                erased = ghost_audit.erased_entries(rebuilt, await ghost_audit.load_covered(conn))
+                erased = covered_entries(rebuilt, await ghost_audit.load_covered(conn))
             report.swept = len(erased)
             doomed = {entry.id for entry in erased}
             rebuilt = [entry for entry in rebuilt if entry.id not in doomed]
             await asyncio.to_thread(live.replace_all, rebuilt)
-            await asyncio.to_thread(drop_table, settings.vector_store_path, name)
             report.swapped = True
     finally:
         consumer.close()
         await pool.close()
+        # Swapped or not, the shadow table goes: a full copy that no erasure reaches must not
+        # stay behind (the report keeps the differences).
+        await asyncio.to_thread(drop_table, settings.vector_store_path, name)
     return report
+
+
+def every_entry(store: VectorStore) -> list[VectorEntry]:
+    """The whole store, read tenant by tenant (its reads are tenant-filtered)."""
+    return [entry for tenant in store.tenants() for entry in store.entries(tenant)]
 
 
 def group_members(settings: Settings, group: str) -> list[str]:

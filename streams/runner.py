@@ -216,10 +216,12 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
 
         async def publish() -> None:
-            # The batch is in the database: a retry only republishes.
-            await self._publisher.publish(committed.outbox)
+            # The batch is in the database: a retry only republishes. Its rows stay locked
+            # until deleted, so that an erasure's null comes after them (bookkeeping).
             async with self._pool.connection() as conn:
-                await self._tracking.remove_outbox_batch(conn, committed.outbox_batch)
+                await self._tracking.publish_outbox_batch(
+                    conn, committed.outbox_batch, committed.outbox, self._publisher.publish
+                )
 
         await retry_transient(f"{name}: publish", publish, self._max_backoff, retried)
         self._metrics.batch_applied(
@@ -268,6 +270,8 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         dead = isolation.judge(len(fresh), failed)
         _check_sizes(dead)  # bounded by construction: a failure here is a bug, not a message
         outbox = [*(m for part in parts for m in part.outbox), *dead]
+        # A dead letter opens only with its key: durable in the commit that stages it.
+        await isolation.dead_letters.keep_in(conn, outbox)
         outbox_batch = await self._tracking.add_to_outbox(conn, projection.name, outbox)
         await self._tracking.save_offsets(conn, projection.name, _next_offsets(messages))
         report = BatchReport(len(messages), len(messages) - len(fresh), 0, len(dead), 0, 0, 0)
@@ -378,15 +382,15 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         drained = 0
         while True:
             async with self._pool.connection() as conn:
-                pending = await self._tracking.pending_outbox(
-                    conn, self.projection.name, max_bytes=self._drain_max_bytes
+                published = await self._tracking.publish_pending_outbox(
+                    conn,
+                    self.projection.name,
+                    self._publisher.publish,
+                    max_bytes=self._drain_max_bytes,
                 )
-            if not pending:
+            if not published:
                 return drained
-            await self._publisher.publish([message for _, message in pending])
-            async with self._pool.connection() as conn:
-                await self._tracking.remove_from_outbox(conn, [i for i, _ in pending])
-            drained += len(pending)
+            drained += published
 
 
 def _check_sizes(outbox: Iterable[OutboxMessage]) -> None:

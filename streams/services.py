@@ -3,17 +3,24 @@ stopped after it: the PostgreSQL pool, the Kafka publisher and the /metrics endp
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from mode import Service
 from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
 
 from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.cache.store import connect as connect_redis
 from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
+from projections.sealing.crypto import parse_master_key
+from projections.sealing.probes import ProbeSealer
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.runner import ProjectionRunner
@@ -27,6 +34,42 @@ def open_vector_store(settings: Settings, table: str = "embeddings") -> VectorSt
     from projections.embeddings.lance import LanceVectorStore
 
     return LanceVectorStore(settings.vector_store_path, settings.embedding_dim, table=table)
+
+
+class StoreSupplies:
+    """What derived stores are opened from (``projections.stores.base.StoreResources``):
+    the worker's pool, and the vector store, the cache and the probe sealer opened on first
+    use, so that a worker pays only for what its stores use."""
+
+    def __init__(self, settings: Settings, pool: AsyncConnectionPool[Conn]) -> None:
+        self._settings = settings
+        self.pool = pool
+
+    @cached_property
+    def vectors(self) -> VectorStore:
+        return open_vector_store(self._settings)
+
+    @cached_property
+    def redis(self) -> Redis:
+        return connect_redis(self._settings.redis_url)
+
+    @cached_property
+    def cache(self) -> RedisCache:
+        settings = self._settings
+        return RedisCache(self.redis, settings.cache_ttl_seconds, settings.cache_namespace)
+
+    async def aclose(self) -> None:
+        """Closes the Redis connection, if one was opened (commands; workers exit with it)."""
+        if "redis" in self.__dict__:
+            await self.redis.aclose()
+
+    @cached_property
+    def probes(self) -> ProbeSealer:
+        return ProbeSealer(parse_master_key(self._settings.master_key))
+
+    @cached_property
+    def vector_writes(self) -> asyncio.Lock:
+        return asyncio.Lock()
 
 
 def make_pool(dsn: str, size: int) -> AsyncConnectionPool[Conn]:

@@ -79,6 +79,24 @@ class Settings(BaseSettings):
     deletion_check_interval_seconds: float = Field(
         1.0, description="how often the deletion worker checks deadlines and verifications"
     )
+    rebuild_grace_seconds: float = Field(
+        7 * 24 * 3600.0,
+        description="rebuild shadows (replay_*) and retired tables (retired_*) are dropped "
+        "this long after they were created; until then every erasure reaches them too",
+    )
+    # -- topic lifetimes (issue 15: raw input trimmed once sealed, memory.current compaction)
+    raw_input_trim_seconds: float = Field(
+        5.0,
+        description="the most time between the sealer committing a batch and the deletion of "
+        "its raw input records (memory.events, conversation.events) with DeleteRecords; "
+        "0: never trim (retention alone then bounds the raw plaintext window)",
+    )
+    compaction_roll_check_seconds: float = Field(
+        60.0,
+        description="how often the deletion worker checks memory.current for a quiet "
+        "partition whose active segment must be rolled so that compaction can reach it",
+    )
+    # -- end of topic lifetimes
     monitor_interval_seconds: float = Field(
         5.0, description="how often the monitor worker measures consumer lag"
     )

@@ -7,7 +7,6 @@ alone.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,27 +20,22 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
-from projections.cache.store import connect as connect_redis
 from projections.conversation.projection import ConversationProjection
-from projections.deletion.derived import (
-    CacheStore,
-    ConversationTableStore,
-    DerivedStore,
-    EmbeddingsStore,
-)
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
+from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
+from projections.stores import BY_NAME, REGISTRY, STORE_NAMES, open_all
 from streams.agents.cache import CacheFreshness
 from streams.agents.index import EmbeddingsIndexer
 from streams.agents.source import add_batch_agent
 from streams.agents.tombstones import TombstoneHandler
 from streams.app import build_app
-from streams.isolation import Isolation
+from streams.compaction import segment_rollers
+from streams.isolation import DeadLetters, Isolation
 from streams.kafka import KafkaPublisher
 from streams.lag import LagCollector
 from streams.loop import BatchHandler, BatchLoop, StopOnce
@@ -54,11 +48,11 @@ from streams.services import (
     MetricsService,
     OutboxService,
     PublisherService,
+    StoreSupplies,
     make_pool,
-    open_vector_store,
 )
 from streams.settings import Settings
-from topics.deletion import STORES, StoreName
+from streams.trim import raw_input_trimmers
 from topics.registry import CONVERSATION_MESSAGES, DELETION_TOMBSTONES, MEMORY_CURRENT
 from topics.schemas import default_schemas
 
@@ -68,10 +62,7 @@ METRICS_PORTS = {
     "memory": 9101,
     "conversation": 9102,
     "deletion": 9103,
-    "embeddings": 9104,
-    "summaries": 9105,
-    "cache": 9106,
-    "context": 9107,
+    **{store.name: store.metrics_port for store in REGISTRY},
     "monitor": 9108,
 }
 
@@ -120,7 +111,8 @@ def add_agent(
     handler: BatchHandler,
 ) -> None:
     """Every agent: the shared batch loop, with its own breaker, on ``topic_names``."""
-    isolation = Isolation(settings.breaker.breaker(handler.name), metrics)
+    dead_letters = DeadLetters.in_postgres(parse_master_key(settings.master_key), parts.pool)
+    isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     add_batch_agent(parts.app, agent_name, topic_names, loop)
 
@@ -158,12 +150,22 @@ def key_store(settings: Settings) -> KeyStore:
     return KeyStore(parse_master_key(settings.master_key))
 
 
+def probe_sealer(settings: Settings) -> ProbeSealer:
+    return ProbeSealer(parse_master_key(settings.master_key))
+
+
 def build_sealer_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """Raw input in, the sealed long-retention log out (see projections.sealing)."""
     sealer = Sealer(
         default_schemas(), settings.topics, key_store(settings), settings.max_memory_value_bytes
     )
-    return build_projection_worker(settings, metrics, sealer)
+    # Topic lifetimes (issue 15): the raw input is deleted once sealed (streams.trim).
+    return build_projection_worker(
+        settings,
+        metrics,
+        sealer,
+        lambda parts: raw_input_trimmers(settings, metrics, parts.pool, sealer),
+    )
 
 
 def memory_projection(settings: Settings, metrics: Metrics | None = None) -> MemoryProjection:
@@ -195,79 +197,85 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """The ledger: requests and acknowledgements, plus redelivery, verification and the
     deletion metrics."""
     embedder = HashingEmbedder(settings.embedding_dim)
+    probes = probe_sealer(settings)  # the ledger seals probes, the verification opens them
     projection = LedgerProjection(
         default_schemas(),
         settings.topics,
         embedder,
         timedelta(seconds=settings.deletion_deadline_seconds),
         metrics,
+        probes=probes,
     )
 
     def maintenance(parts: Resources) -> list[Service]:
+        # The verification probe reads every store: each is opened here, read-only.
+        stores = open_all(StoreSupplies(settings, parts.pool))
         return [
             LedgerMaintenance(
                 parts.pool,
                 parts.publisher,
-                open_vector_store(settings),
-                RedisCache(
-                    connect_redis(settings.redis_url),
-                    settings.cache_ttl_seconds,
-                    settings.cache_namespace,
-                ),
+                stores,
                 settings.topics,
                 metrics,
                 timedelta(seconds=settings.deletion_check_interval_seconds),
                 timedelta(seconds=settings.deletion_redelivery_seconds),
-            )
+                timedelta(seconds=settings.rebuild_grace_seconds),
+            ),
+            # Topic lifetimes (issue 15): memory.current's segments roll (streams.compaction).
+            *segment_rollers(settings, metrics),
         ]
 
     return build_projection_worker(settings, metrics, projection, maintenance)
 
 
-def build_store_worker(settings: Settings, metrics: Metrics, store: StoreName) -> WorkerParts:
+def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> WorkerParts:
     """A derived store: honours tombstones in its own consumer group, and keeps itself up to
-    date where it is fed by a stream (embeddings, cache)."""
+    date where it is fed by a stream (``STORE_FEEDS``)."""
     parts = open_resources(settings, metrics, store)
-    derived: DerivedStore
-    if store == "embeddings":
-        vectors = open_vector_store(settings)
-        writes = asyncio.Lock()  # index updates and tombstones write one at a time
-        derived = EmbeddingsStore(vectors, writes)
-        indexer = EmbeddingsIndexer(
-            parts.pool,
-            vectors,
-            HashingEmbedder(settings.embedding_dim),
-            parts.publisher,
-            settings.topics,
-            metrics,
-            writes,
-        )
-        feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-        add_agent(settings, metrics, parts, "embeddings-index", feeds, indexer)
-    elif store == "cache":
-        cache = RedisCache(
-            connect_redis(settings.redis_url),
-            settings.cache_ttl_seconds,
-            settings.cache_namespace,
-        )
-        derived = CacheStore(cache)
-        freshness = CacheFreshness(cache, parts.publisher)
-        add_agent(
-            settings,
-            metrics,
-            parts,
-            "cache-freshness",
-            [settings.topics.name(MEMORY_CURRENT)],
-            freshness,
-        )
-    elif store == "summaries":
-        derived = ConversationTableStore("summaries", "conversation_summaries", parts.pool)
-    else:
-        derived = ConversationTableStore("context", "conversation_context", parts.pool)
+    supplies = StoreSupplies(settings, parts.pool)
+    derived = BY_NAME[store].open(supplies)
+    feed = STORE_FEEDS.get(store)
+    if feed is not None:
+        feed(settings, metrics, parts, supplies)
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
     tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
     add_agent(settings, metrics, parts, handler.name, tombstones, handler)
     return WorkerParts(parts.app, parts.services, metrics)
+
+
+def feed_embeddings(
+    settings: Settings, metrics: Metrics, parts: Resources, supplies: StoreSupplies
+) -> None:
+    """Index updates from memory.current and conversation.messages. They take the vector
+    store's write lock that tombstones take: one write at a time."""
+    indexer = EmbeddingsIndexer(
+        parts.pool,
+        supplies.vectors,
+        HashingEmbedder(settings.embedding_dim),
+        parts.publisher,
+        settings.topics,
+        metrics,
+        supplies.vector_writes,
+        key_store(settings),
+    )
+    feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
+    add_agent(settings, metrics, parts, "embeddings-index", feeds, indexer)
+
+
+def feed_cache(
+    settings: Settings, metrics: Metrics, parts: Resources, supplies: StoreSupplies
+) -> None:
+    """Invalidation of cached reads that a memory.current update makes stale."""
+    freshness = CacheFreshness(supplies.cache, parts.publisher)
+    feeds = [settings.topics.name(MEMORY_CURRENT)]
+    add_agent(settings, metrics, parts, "cache-freshness", feeds, freshness)
+
+
+# The stores that are also fed by a stream, besides tombstones.
+STORE_FEEDS: dict[str, Callable[[Settings, Metrics, Resources, StoreSupplies], None]] = {
+    "embeddings": feed_embeddings,
+    "cache": feed_cache,
+}
 
 
 def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
@@ -276,10 +284,7 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     monitor = MonitorService(
         LagCollector(settings.kafka_bootstrap, settings.group_prefix),
         pool,
-        open_vector_store(settings),
-        RedisCache(
-            connect_redis(settings.redis_url), settings.cache_ttl_seconds, settings.cache_namespace
-        ),
+        open_all(StoreSupplies(settings, pool)),
         metrics,
         timedelta(seconds=settings.monitor_interval_seconds),
         timedelta(seconds=settings.audit_interval_seconds),
@@ -297,7 +302,7 @@ WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
     "memory": build_memory_worker,
     "conversation": build_conversation_worker,
     "deletion": build_deletion_worker,
-    **{store: partial(build_store_worker, store=store) for store in STORES},
+    **{store: partial(build_store_worker, store=store) for store in STORE_NAMES},
     "monitor": build_monitor_worker,
 }
 

@@ -321,7 +321,6 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
     create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
     apply_migrations(settings.postgres_dsn)
     test_env = Env(settings, schema, tmp_path)
-    schemas_before = schema_names(stack.postgres_dsn)
     try:
         yield test_env
     finally:
@@ -329,20 +328,23 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
         for each in every:
             for worker in each.workers:
                 worker.stop()
-        # The test's own schemas, and the shadow and retired schemas its replays left: a dev
-        # stack that runs the suite every day must not collect them (nor the topics below).
-        # Only replay schemas: another test session on the same stack has schemas of its own.
-        left = {
-            name
-            for name in schema_names(stack.postgres_dsn) - schemas_before
-            if name.startswith(("replay_", "retired_"))
-        }
+        # The test's own schemas, and the shadow and retired schemas its replays left (each
+        # registered in its live schema): a dev stack that runs the suite every day must not
+        # collect them (nor the topics below). Only those: another test session on the same
+        # stack has schemas of its own.
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            left = set()
+            for each in every:
+                registry = conn.execute(
+                    "SELECT to_regclass(%s)", (f'"{each.schema}".rebuild_schemas',)
+                ).fetchone()
+                if registry and registry[0]:
+                    left |= {
+                        name
+                        for (name,) in conn.execute(
+                            f'SELECT schema_name FROM "{each.schema}".rebuild_schemas'
+                        )
+                    }
             for name in sorted(left | {each.schema for each in every}):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
-
-
-def schema_names(dsn: str) -> set[str]:
-    with psycopg.connect(dsn) as conn:
-        return {name for (name,) in conn.execute("SELECT nspname FROM pg_namespace")}

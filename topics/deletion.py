@@ -22,8 +22,10 @@ from topics.envelope import (
 )
 
 TargetType = Literal["subject", "conversation", "memory"]
-StoreName = Literal["embeddings", "summaries", "cache", "context"]
-STORES: tuple[StoreName, ...] = ("embeddings", "summaries", "cache", "context")
+# A derived store's name. The contract names memproj's four (embeddings, summaries, cache,
+# context); which stores exist is the registry's (``projections.stores``), and the ledger's
+# codec refuses an acknowledgement from a store it does not know.
+StoreName = Identifier
 
 
 class DeletionTarget(Wire):

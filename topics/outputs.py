@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -115,14 +114,27 @@ class DeadLetterReason(StrEnum):
     PROCESSING_FAILED = "processing_failed"
 
 
+class SealedOriginal(Frozen):
+    """The original message of a dead letter and its error detail, sealed (AES-256-GCM) under
+    a data key of this letter alone; the key lives in PostgreSQL until the letter's owner is
+    erased or its retention ends (``projections.deadletters``)."""
+
+    format: str
+    key_id: str
+    ciphertext: str  # base64
+
+
 class DeadLetter(Frozen):
     """A message not valid under the contract; published on ``<input topic>.dlq``.
 
-    ``original`` and ``error`` are the contract; ``error_code``, ``key`` and ``failed_at`` are
-    optional additions so that the DLQ can be counted and replayed by reason.
+    ``original`` and ``error`` are the contract; the rest are optional additions. memproj
+    writes no plaintext of the message: ``original`` is empty (a reader that only knows the
+    contract decodes it to no bytes) and ``sealed_original`` holds the original value, key and
+    the error's detail; ``error`` names the reason, the stage and the exception class only,
+    since the detail of a validation or database error can quote the input.
     """
 
-    original: str  # base64 of the original value bytes (their first ORIGINAL_MAX_BYTES)
+    original: str  # base64 of the original bytes: "" when the original is sealed
     topic: str
     partition: int
     offset: int
@@ -130,35 +142,8 @@ class DeadLetter(Frozen):
     error_code: DeadLetterReason
     key: str | None
     failed_at: datetime
-    # Set when ``original`` holds only the first ORIGINAL_MAX_BYTES: a dead letter must fit
-    # in one message, and base64 grows its input by a third.
+    # Set when the sealed original holds only the first ORIGINAL_MAX_BYTES: a dead letter
+    # must fit in one message.
     original_truncated: bool = False
     original_size: int | None = None
-
-    @classmethod
-    def of(
-        cls,
-        value: bytes | None,
-        *,
-        topic: str,
-        partition: int,
-        offset: int,
-        error: str,
-        error_code: DeadLetterReason,
-        key: bytes | None,
-        failed_at: datetime,
-    ) -> DeadLetter:
-        original = value or b""
-        truncated = len(original) > ORIGINAL_MAX_BYTES
-        return cls(
-            original=base64.b64encode(original[:ORIGINAL_MAX_BYTES]).decode(),
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            error=error,
-            error_code=error_code,
-            key=key.decode(errors="replace")[:KEY_MAX_CHARS] if key is not None else None,
-            failed_at=failed_at,
-            original_truncated=truncated,
-            original_size=len(original),
-        )
+    sealed_original: SealedOriginal | None = None

@@ -10,8 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-DAY_MS = 24 * 60 * 60 * 1000
+MINUTE_MS = 60 * 1000
+DAY_MS = 24 * 60 * MINUTE_MS
 DLQ_SUFFIX = ".dlq"
+# How long a dead letter can be opened, and kept: the DLQ topics' retention and the expiry of
+# each letter's data key (projections.deadletters) are both this window. A week leaves time to
+# diagnose and replay a failure after a weekend; a letter that names its owner is destroyed
+# with the owner's erasure long before.
+DEAD_LETTER_RETENTION_MS = 7 * DAY_MS
 # The largest message memproj produces (key, value and headers): librdkafka's default
 # ``message.max.bytes``, set explicitly by every producer. An output that would be larger is
 # not produced: the input that led to it becomes a dead letter.
@@ -39,6 +45,10 @@ class TopicSpec:
     # None keeps data forever (compacted topics hold the latest value per key).
     retention_ms: int | None
     description: str
+    # Further topic configs that bound how long a record stays readable (``memory.current``'s
+    # compaction), as (name, value) pairs; ``memproj topics create`` brings them to existing
+    # topics too.
+    lifetime: tuple[tuple[str, str], ...] = ()
 
     def config(self) -> dict[str, str]:
         config = {"cleanup.policy": self.cleanup_policy.value}
@@ -46,6 +56,7 @@ class TopicSpec:
         if self.cleanup_policy is CleanupPolicy.COMPACT:
             # Let tombstones (null values) linger long enough for readers to see them.
             config["delete.retention.ms"] = str(DAY_MS)
+        config.update(self.lifetime)
         return config
 
 
@@ -77,7 +88,7 @@ def _dead_letter(source: TopicSpec) -> TopicSpec:
         TopicRole.DEAD_LETTER,
         1,
         CleanupPolicy.DELETE,
-        30 * DAY_MS,
+        DEAD_LETTER_RETENTION_MS,
         f"messages from {source.base_name} that are not valid under the contract",
     )
 
@@ -129,6 +140,17 @@ DELETION_STATUS = TopicSpec(
     None,
     "deletion.completed or deletion.overdue with per-store state",
 )
+# Compaction of memory.current, bounded so that an erased or superseded value is gone from the
+# log well within the deletion SLO (MEMPROJ_DELETION_DEADLINE_SECONDS, 1 h by default). The
+# cleaner never touches a partition's active segment, and Kafka rolls a segment only when a
+# record is appended once ``segment.ms`` has passed since its first record: the deletion worker
+# appends a marker to a quiet partition (``streams.compaction``). A value superseded at t is
+# then in a rolled segment by t + 2 * segment.ms + the roll check interval, and
+# ``max.compaction.lag.ms`` (<= segment.ms) makes that segment due for cleaning at once,
+# whatever its dirty ratio (``min.cleanable.dirty.ratio`` stays at its default: the lag, not
+# the ratio, is the bound). ``streams.compaction.compaction_bound_ms`` is the whole sum.
+COMPACTION_SEGMENT_MS = 10 * MINUTE_MS
+COMPACTION_MAX_LAG_MS = 10 * MINUTE_MS
 MEMORY_CURRENT = TopicSpec(
     "memory.current",
     "tenant_id:memory_id",
@@ -137,6 +159,12 @@ MEMORY_CURRENT = TopicSpec(
     CleanupPolicy.COMPACT,
     None,
     "the current projected memory record; null once it is gone",
+    lifetime=(
+        ("segment.ms", str(COMPACTION_SEGMENT_MS)),
+        ("max.compaction.lag.ms", str(COMPACTION_MAX_LAG_MS)),
+        # Every record is cleanable as soon as its segment rolls (the default, stated).
+        ("min.compaction.lag.ms", "0"),
+    ),
 )
 MEMORY_REJECTIONS = TopicSpec(
     "memory.rejections",

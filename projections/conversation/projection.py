@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
-
-import orjson
+from dataclasses import replace
 
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.conversation import store
 from projections.conversation.context import ContextSettings
+from projections.conversation.published import encode_record, entity_of_message
 from projections.conversation.reducer import (
     BatchResult,
     ConversationState,
@@ -20,6 +19,7 @@ from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
+from projections.sealing.fields import EntityRef
 from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
@@ -54,6 +54,10 @@ class ConversationProjection:
         self._context = context
         self._observer = observer
         self._messages_topic = topics.name(CONVERSATION_MESSAGES)
+        self._keys = keys
+        # The data keys of the conversations whose messages the current part publishes, read
+        # by ``save`` in the part's transaction for ``outputs`` (like the codec's keys).
+        self._message_keys: dict[EntityRef, bytes] = {}
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -82,14 +86,21 @@ class ConversationProjection:
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
         await store.save_batch(conn, outcome, self._context)
         await shred_refused(conn, "conversation", outcome.keys_to_shred)
+        # After the shredding: a key this part destroys never seals anything. A message this
+        # part applies is not erased, so its conversation has a key (or, when the part shreds
+        # an older key of it, gets a fresh one for what is new after the deletion).
+        self._message_keys = await self._keys.keys(
+            conn, {entity_of_message(m) for m in outcome.messages}, create=True
+        )
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
-        """Each new message, redacted, for the derived stores that index messages."""
+        """Each new message, redacted and sealed with its conversation's data key, for the
+        derived stores that index messages (see projections.conversation.published)."""
         return [
             OutboxMessage(
                 self._messages_topic,
                 entity_key(message.tenant_id, message.conversation_id).encode(),
-                orjson.dumps(asdict(message)),
+                encode_record(message, self._message_keys[entity_of_message(message)]),
             )
             for message in outcome.messages
         ]

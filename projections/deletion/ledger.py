@@ -28,13 +28,13 @@ from projections.idempotency import (
     Seen,
 )
 from topics.deletion import (
-    STORES,
     Acknowledgement,
     DeletionRequested,
     DeletionStatus,
     DeletionTarget,
     StoreName,
     StoreState,
+    TargetType,
     Tombstone,
     TombstoneItem,
 )
@@ -43,12 +43,14 @@ from topics.outputs import MemoryRecord, Rejection, RejectionReason
 
 RequestKey = tuple[str, str]  # (tenant_id, deletion_id)
 
-REQUIRED_STORES: Mapping[str, tuple[StoreName, ...]] = {
-    "subject": STORES,
-    "conversation": STORES,
-    # A memory has no summary or context view of its own.
-    "memory": ("embeddings", "cache"),
-}
+
+def required_stores(target: TargetType) -> tuple[StoreName, ...]:
+    """The stores that must acknowledge a deletion of ``target``: the registry's stores that
+    hold copies of it (a memory has no summary or context view of its own)."""
+    # Imported here: the stores' objects use this module's ledger entries.
+    from projections.stores import required_stores as of_registry
+
+    return of_registry(target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,7 @@ def plan_erasure(
         reason=payload.reason,
         cut_off=event.occurred_at,
         deadline_at=payload.deadline_at or event.occurred_at + default_deadline,
-        required_stores=REQUIRED_STORES[target.type],
+        required_stores=required_stores(target.type),
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
@@ -150,7 +152,7 @@ def plan_revocation(
         reason=f"revoked: {event.payload.reason}",
         cut_off=event.occurred_at,
         deadline_at=event.occurred_at + default_deadline,
-        required_stores=REQUIRED_STORES["memory"],
+        required_stores=required_stores("memory"),
         request_event_id=event.event_id,
         resolved=ResolvedTarget(memories=(record.memory_id,)),
     )

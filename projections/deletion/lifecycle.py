@@ -142,3 +142,15 @@ async def save_verification(
         "DELETE FROM deletion_probes WHERE tenant_id = %s AND deletion_id = %s",
         (tenant_id, deletion_id),
     )
+
+
+async def drop_expired_probes(conn: Conn, now: datetime) -> int:
+    """Delete the probes of every deletion whose deadline has passed, verified or not: a store
+    that never acknowledges must not keep vectors of the erased text alive."""
+    cursor = await conn.execute(
+        "DELETE FROM deletion_probes p USING deletion_requests r"
+        " WHERE r.tenant_id = p.tenant_id AND r.deletion_id = p.deletion_id"
+        " AND r.deadline_at <= %s",
+        (now,),
+    )
+    return cursor.rowcount

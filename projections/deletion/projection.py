@@ -25,6 +25,8 @@ from projections.deletion.ledger import (
 )
 from projections.embeddings.embedder import Embedder
 from projections.idempotency import EventKey
+from projections.sealing.probes import ProbeSealer
+from projections.stores import STORE_NAMES
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
 from topics.envelope import EventLike
@@ -72,6 +74,10 @@ class LedgerCodec:
             ack = Acknowledgement.model_validate_json(value)
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
+        if ack.store not in STORE_NAMES:
+            raise InvalidMessage(
+                DeadLetterReason.INVALID_EVENT, f"no derived store is named {ack.store!r}"
+            )
         expected = entity_key(ack.tenant_id, ack.deletion_id).encode()
         if key != expected:
             raise InvalidMessage(
@@ -111,8 +117,11 @@ class LedgerProjection:
         embedder: Embedder,
         default_deadline: timedelta,
         observer: CompletionObserver,
+        *,
+        probes: ProbeSealer,
     ) -> None:
         self.codec = LedgerCodec(schemas, topics)
+        self._probes = probes
         self._topics = topics
         self._embedder = embedder
         self._default_deadline = default_deadline
@@ -140,7 +149,7 @@ class LedgerProjection:
         return reduce_ledger(events, state.resolved, state.states, seen, self._default_deadline)
 
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
-        await record_and_erase(conn, outcome.entries, self._embedder)
+        await record_and_erase(conn, outcome.entries, self._embedder, self._probes)
         await lifecycle.save_states(conn, [s for s in outcome.states.values() if s.stores])
 
     def outputs(self, outcome: LedgerBatch) -> list[OutboxMessage]:
@@ -174,7 +183,9 @@ class LedgerProjection:
             )
 
 
-async def record_and_erase(conn: Conn, entries: Sequence[LedgerEntry], embedder: Embedder) -> None:
+async def record_and_erase(
+    conn: Conn, entries: Sequence[LedgerEntry], embedder: Embedder, probes: ProbeSealer
+) -> None:
     """Record ledger entries and, for erasures, keep probe vectors of the content and erase
     it from the authoritative projections, all in the caller's transaction."""
     await store.record_entries(conn, entries)
@@ -188,6 +199,7 @@ async def record_and_erase(conn: Conn, entries: Sequence[LedgerEntry], embedder:
                 conn,
                 entry,
                 [(t, i, v) for (t, i, _), v in zip(texts, vectors, strict=True)],
+                probes,
             )
         await store.erase(conn, entry)
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from projections.bookkeeping import Conn, copy_new_rows, copy_rows, keyset, keyset_param
+from projections import deadletters, rebuilds
+from projections.bookkeeping import (
+    Conn,
+    copy_new_rows,
+    copy_rows,
+    keyset,
+    keyset_param,
+    remove_pending_messages,
+)
+from projections.deletion import coverage
 from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
 from projections.deletion.ledger import (
     LedgerEntry,
@@ -21,7 +30,9 @@ from projections.deletion.ledger import (
 )
 from projections.embeddings.embedder import memory_text, message_text
 from projections.sealing.keys import shred
+from projections.sealing.probes import ProbeSealer
 from topics.deletion import DeletionTarget
+from topics.registry import MEMORY_CURRENT
 
 
 async def lock_tenants(conn: Conn, tenants: Iterable[str], *, exclusive: bool) -> None:
@@ -220,13 +231,19 @@ async def record_entries(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
 
 
 async def record_probes(
-    conn: Conn, entry: LedgerEntry, vectors: Sequence[tuple[str, str, Sequence[float]]]
+    conn: Conn,
+    entry: LedgerEntry,
+    vectors: Sequence[tuple[str, str, Sequence[float]]],
+    probes: ProbeSealer,
 ) -> None:
+    """The probe vectors, sealed (``ProbeSealer``): nothing stored lets anyone without the
+    master key test a guess of the erased words against them."""
+    tenant, deletion = entry.tenant_id, entry.deletion_id
     await copy_rows(
         conn,
         "deletion_probes",
-        ("tenant_id", "deletion_id", "item_type", "item_id", "vector"),
-        ((entry.tenant_id, entry.deletion_id, t, i, list(v)) for t, i, v in vectors),
+        ("tenant_id", "deletion_id", "item_type", "item_id", "sealed_vector"),
+        ((tenant, deletion, t, i, probes.seal(tenant, deletion, t, i, v)) for t, i, v in vectors),
     )
 
 
@@ -270,14 +287,36 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
             subject.id if subject else None,
         ),
     )
+    # Rebuild shadows and retired tables hold full copies: the erasure reaches them too.
+    await rebuilds.erase_copies(
+        conn, coverage.deletion_params(tenant, entry.deletion_id, memories, conversations)
+    )
+    # Dead letters naming what is erased (even malformed copies) no longer open.
+    await deadletters.shred_dead_letters(
+        conn, tenant, subject, memories, conversations, entry.deletion_id
+    )
+    # The erased memories' values still waiting in any outbox are never published: the
+    # ledger's null is the last record of their keys on memory.current (bookkeeping).
+    await remove_pending_messages(conn, MEMORY_CURRENT.base_name, tenant, memories)
 
 
 async def load_probes(
-    conn: Conn, tenant_id: str, deletion_id: str
+    conn: Conn, tenant_id: str, deletion_id: str, probes: ProbeSealer
 ) -> list[tuple[str, str, list[float]]]:
+    """The probe vectors, opened. A plaintext ``vector`` is one written before migration 008
+    (or by a worker of the release before it): read as it is, deleted like the others."""
     cursor = await conn.execute(
-        "SELECT item_type, item_id, vector FROM deletion_probes"
+        "SELECT item_type, item_id, sealed_vector, vector FROM deletion_probes"
         " WHERE tenant_id = %s AND deletion_id = %s",
         (tenant_id, deletion_id),
     )
-    return [(row[0], row[1], list(row[2])) for row in await cursor.fetchall()]
+    return [
+        (
+            item_type,
+            item_id,
+            list(vector)
+            if sealed is None
+            else probes.open(tenant_id, deletion_id, item_type, item_id, bytes(sealed)),
+        )
+        for item_type, item_id, sealed, vector in await cursor.fetchall()
+    ]

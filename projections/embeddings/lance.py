@@ -9,6 +9,7 @@ lancedb takes about a second to import, so modules that only read the port impor
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, timedelta
@@ -156,15 +157,12 @@ class LanceVectorStore:
                     f"entry {entry.id!r} has a vector of {len(entry.vector)} dimensions,"
                     f" the store holds {self.dim}"
                 )
-        # LanceDB's merge_insert inserts every copy of an id that is new and refuses a batch
-        # with two copies of a stored id: only the last copy of each id goes in.
-        latest = {entry.id: entry for entry in entries}
-        rows = pa.Table.from_pylist(
-            [_row(entry) for entry in latest.values()], schema=lance_schema(self.dim)
-        )
+        rows = _rows(entries, self.dim)
         self._run(
             lambda table: (
-                table.merge_insert("id")
+                # On the tenant and the id: an id names an entry within its tenant only, so
+                # that no tenant's upsert can ever replace another tenant's entry.
+                table.merge_insert(list(STORE_KEY))
                 .when_matched_update_all()
                 .when_not_matched_insert_all()
                 .execute(rows)
@@ -191,10 +189,11 @@ class LanceVectorStore:
         entries = self._query(where)
         return sorted(entries, key=lambda entry: entry.id)
 
-    def get(self, entry_ids: Sequence[str]) -> list[VectorEntry]:
+    def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:
         if not entry_ids:
             return []
-        by_id = {entry.id: entry for entry in self._query(_any_of("id", list(set(entry_ids))))}
+        where = f"{tenant_filter(tenant_id)} AND {_any_of('id', sorted(set(entry_ids)))}"
+        by_id = {entry.id: entry for entry in self._query(where)}
         return [by_id[entry_id] for entry_id in dict.fromkeys(entry_ids) if entry_id in by_id]
 
     def search(
@@ -246,16 +245,18 @@ class LanceVectorStore:
     def count(self) -> int:
         return self._run(lambda table: table.count_rows())
 
-    def entries(self) -> list[VectorEntry]:
-        """Every entry of the store (rebuilds compare a whole table)."""
-        return self._query("true")
+    def tenants(self) -> list[str]:
+        def tenants(table: Table) -> pa.Table:
+            return table.search().select(["tenant_id"]).limit(None).to_arrow()
+
+        return sorted(set(self._run(tenants).column("tenant_id").to_pylist()))
+
+    def entries(self, tenant_id: str) -> list[VectorEntry]:
+        return sorted(self._query(tenant_filter(tenant_id)), key=lambda entry: entry.id)
 
     def replace_all(self, entries: Sequence[VectorEntry]) -> None:
         """Make ``entries`` the whole content in one commit, and drop the old versions."""
-        rows = pa.Table.from_pylist(
-            [_row(entry) for entry in {e.id: e for e in entries}.values()],
-            schema=lance_schema(self.dim),
-        )
+        rows = _rows(entries, self.dim)
         self._run(lambda table: table.add(rows, mode="overwrite"))
         self.purge_history()
 
@@ -292,6 +293,19 @@ def _deleted_rows_remain(table: Table) -> bool:
     metadata = latest.get("metadata", {})
     # Without the statistic, assume the worst: a needless rewrite is only slower.
     return str(metadata.get("total_deletion_file_rows", "unknown")) != "0"
+
+
+# What names an entry in the table: its id within its tenant.
+STORE_KEY = ("tenant_id", "id")
+
+
+def _rows(entries: Sequence[VectorEntry], dim: int) -> pa.Table:
+    """The entries as rows, only the last of several with one tenant and id: LanceDB's
+    merge_insert inserts every copy of a new key and refuses two copies of a stored one."""
+    latest = {(entry.tenant_id, entry.id): entry for entry in entries}
+    return pa.Table.from_pylist(
+        [_row(entry) for entry in latest.values()], schema=lance_schema(dim)
+    )
 
 
 def _row(entry: VectorEntry) -> dict[str, Any]:
@@ -339,4 +353,5 @@ def _entry(row: Mapping[str, Any]) -> VectorEntry:
 
 
 def drop_table(path: Path, table: str) -> None:
-    lancedb.connect(path).drop_table(table)
+    with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
+        lancedb.connect(path).drop_table(table)

@@ -95,9 +95,12 @@ class Match:
 
 
 class VectorStore(Protocol):
+    """Every entry belongs to one tenant: entries are stored under (tenant_id, id), and every
+    read names its tenant and returns nothing of another."""
+
     def upsert(self, entries: Sequence[VectorEntry]) -> None:
-        """Insert the entries, replacing any stored entry with the same id; of several entries
-        with one id in ``entries``, the last one wins."""
+        """Insert the entries, replacing any stored entry of the same tenant with the same id;
+        of several entries with one tenant and id in ``entries``, the last one wins."""
         ...
 
     def remove(self, match: Match) -> int:
@@ -105,12 +108,12 @@ class VectorStore(Protocol):
         ...
 
     def find(self, match: Match) -> list[VectorEntry]:
-        """The matching entries, ordered by id."""
+        """The matching entries (of the match's tenant only), ordered by id."""
         ...
 
-    def get(self, entry_ids: Sequence[str]) -> list[VectorEntry]:
-        """The stored entries among ``entry_ids``, in that order, each once; unknown ids are
-        left out."""
+    def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:
+        """The tenant's stored entries among ``entry_ids``, in that order, each once; unknown
+        ids (and other tenants' entries) are left out."""
         ...
 
     def search(
@@ -132,8 +135,18 @@ class VectorStore(Protocol):
         """How many table versions are kept besides the latest one."""
         ...
 
-    def count(self) -> int: ...
+    def count(self) -> int:
+        """How many entries the store holds, of every tenant (a number, no content)."""
+        ...
 
-    def entries(self) -> list[VectorEntry]: ...
+    def tenants(self) -> list[str]:
+        """The tenants with entries, sorted (rebuilds compare the store tenant by tenant)."""
+        ...
 
-    def replace_all(self, entries: Sequence[VectorEntry]) -> None: ...
+    def entries(self, tenant_id: str) -> list[VectorEntry]:
+        """Every entry of the tenant, ordered by id."""
+        ...
+
+    def replace_all(self, entries: Sequence[VectorEntry]) -> None:
+        """Make ``entries`` the whole content (of every tenant) in one commit."""
+        ...

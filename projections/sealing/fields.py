@@ -3,13 +3,22 @@
 A sealed event is the validated event (already upcast to its current version) as given, the
 fields its producer omitted still omitted, with its personal fields removed from the payload
 and replaced by ``payload.sealed``:
-``{"entity": "<type>:<id>", "fields": "<base64 AES-GCM of their JSON>"}``.
+``{"v": 2, "entity": "<type>:<id>", "fields": "<base64 AES-GCM of their JSON>"}``.
+
+The associated data of format 2 is the whole sealed event but the ciphertext (``sealed_event_
+associated``): editing anything of a sealed event (its tenant, subject, times, event type,
+schema version, ids, other payload fields) makes its fields fail to open, and it is dead-
+lettered as ``unreadable_seal``. Events sealed before format 2 carry no ``v``: they still open,
+with the event id alone as associated data, so only moving their ciphertext to another event is
+detected, not an edit of their other fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from projections.sealing.crypto import Unreadable, open_fields, seal_fields
 
@@ -36,6 +45,9 @@ PLACEHOLDERS: dict[str, dict[str, Any]] = {
 }
 
 EntityRef = tuple[str, str, str]  # (tenant_id, entity type, entity id)
+
+# ``payload.sealed.v`` of what the sealer writes now; events without ``v`` are format 1.
+SEAL_FORMAT = 2
 
 
 def entity_of(event: dict[str, Any]) -> EntityRef | None:
@@ -68,11 +80,30 @@ def seal(event: dict[str, Any], data_key: bytes) -> dict[str, Any]:
     _, names = PERSONAL_FIELDS[event["event_type"]]
     payload = dict(event["payload"])
     personal = {name: payload.pop(name) for name in names if name in payload}
-    payload["sealed"] = {
-        "entity": f"{ref[1]}:{ref[2]}",
-        "fields": seal_fields(data_key, personal, event["event_id"]),
-    }
-    return {**event, "payload": payload}
+    payload["sealed"] = {"v": SEAL_FORMAT, "entity": f"{ref[1]}:{ref[2]}"}
+    sealed = {**event, "payload": payload}
+    payload["sealed"]["fields"] = seal_fields(data_key, personal, sealed_event_associated(sealed))
+    return sealed
+
+
+def sealed_event_associated(event: dict[str, Any]) -> bytes:
+    """Format 2's associated data: the sealed event without its ciphertext, as JSON with
+    sorted keys. JSON parsed back from the sealer's bytes gives the same bytes again (orjson
+    writes the shortest float that reads back as the same float, and one spelling of each
+    string), so the reader rebuilds exactly what the sealer bound."""
+    payload = dict(event["payload"])
+    payload["sealed"] = {k: v for k, v in payload["sealed"].items() if k != "fields"}
+    return orjson.dumps({**event, "payload": payload}, option=orjson.OPT_SORT_KEYS)
+
+
+def _associated(event: dict[str, Any], sealed: dict[str, Any]) -> bytes:
+    version = sealed.get("v")
+    if version is None:
+        # Format 1 (sealed before format 2): bound to the event id only.
+        return str(event["event_id"]).encode()
+    if version == SEAL_FORMAT and type(version) is int:
+        return sealed_event_associated(event)
+    raise Unreadable(f"unknown seal format {version!r}")
 
 
 def seal_erased(event: dict[str, Any]) -> dict[str, Any]:
@@ -88,13 +119,24 @@ def seal_erased(event: dict[str, Any]) -> dict[str, Any]:
 
 def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -> dict[str, Any]:
     """The event with its personal fields restored; raises ``Unreadable`` (or ``Shredded``)
-    when they cannot be opened."""
+    when they cannot be opened.
+
+    Only the sealer writes the sealed log, and it seals every event with personal fields and
+    no other: a seal on an event type without personal fields (an edited event type) and
+    personal fields in plaintext are both refused as unreadable, never applied."""
     payload = event.get("payload")
-    if not isinstance(payload, dict) or "sealed" not in payload:
+    if not isinstance(payload, dict):
+        return event  # decoding says why, as a dead letter
+    personal = PERSONAL_FIELDS.get(str(event.get("event_type")))
+    if "sealed" not in payload:
+        if personal is not None and any(name in payload for name in personal[1]):
+            raise Unreadable("personal fields in plaintext: not written by the sealer")
         return event
+    if personal is None:
+        raise Unreadable(f"a seal on {str(event.get('event_type'))[:100]!r}, which has none")
     ref = entity_of(event)
     if ref is None:
-        return event
+        return event  # ids of the wrong type: decoding says why, as a dead letter
     if not isinstance(payload["sealed"], dict):
         raise Unreadable("the sealed fields are not an object")
     if not isinstance(event.get("event_id"), str):
@@ -104,11 +146,14 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     data_key = key_of(ref)
     if data_key is None:
         raise Shredded(f"the key of {entity_name(ref)} no longer exists")
-    payload = dict(payload)
-    sealed = payload.pop("sealed")
+    sealed = payload["sealed"]
     if not isinstance(sealed.get("fields"), str):
         raise Unreadable("the sealed fields are not a string")
-    payload.update(open_fields(data_key, sealed["fields"], event["event_id"]))
+    opened = open_fields(data_key, sealed["fields"], _associated(event, sealed))
+    if not opened.keys() <= set(personal[1]):
+        raise Unreadable("the sealed fields are not this event type's personal fields")
+    payload = {k: v for k, v in payload.items() if k != "sealed"}
+    payload.update(opened)
     return {**event, "payload": payload}
 
 

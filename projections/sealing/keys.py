@@ -1,17 +1,54 @@
-"""The data keys in PostgreSQL, wrapped by the master key from configuration."""
+"""The data keys in PostgreSQL, wrapped by the master key from configuration.
+
+``entity_keys.wrap_format`` says how a key is wrapped:
+
+- 1 (keys created before migration 008): AES-GCM under the master key itself, associated data
+  ``"<tenant>:<type>:<id>"``, which is ambiguous when ids hold ``:`` (tenant ``a:memory:b`` /
+  memory ``c`` and tenant ``a`` / memory ``b:memory:c`` are one string). Still opened.
+- 2 (every key created since): AES-GCM under a key derived from the master key for this
+  purpose only, associated data the JSON array ``["entity_key", 2, tenant, type, id]``.
+
+A master-key rotation (issue 16) adds a key id per row and a format whose associated data
+names it; it re-wraps format-1 keys on the way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
 from projections.bookkeeping import Conn, keyset, keyset_param
-from projections.sealing.crypto import new_data_key, unwrap_key, wrap_key
+from projections.sealing.crypto import (
+    derive_key,
+    encode_associated,
+    new_data_key,
+    unwrap_key,
+    wrap_key,
+)
 from projections.sealing.fields import EntityRef, entity_name
+
+WRAP_FORMAT = 2
+_WRAPPING_PURPOSE = b"memproj/entity-key-wrapping/v2"
+
+
+def wrap_associated(ref: EntityRef, wrap_format: int) -> bytes:
+    if wrap_format == 1:
+        return entity_name(ref).encode()
+    if wrap_format == 2:
+        return encode_associated("entity_key", 2, *ref)
+    raise ValueError(f"unknown key wrap format {wrap_format}")
 
 
 class KeyStore:
     def __init__(self, master_key: bytes) -> None:
-        self._master = master_key
+        self._wrapping = {1: master_key, 2: derive_key(master_key, _WRAPPING_PURPOSE)}
+
+    def wrap(self, ref: EntityRef, data_key: bytes, wrap_format: int = WRAP_FORMAT) -> bytes:
+        return wrap_key(self._wrapping[wrap_format], data_key, wrap_associated(ref, wrap_format))
+
+    def unwrap(self, ref: EntityRef, wrapped: bytes, wrap_format: int) -> bytes:
+        if wrap_format not in self._wrapping:
+            raise ValueError(f"unknown key wrap format {wrap_format} of {entity_name(ref)}")
+        return unwrap_key(self._wrapping[wrap_format], wrapped, wrap_associated(ref, wrap_format))
 
     async def keys(
         self, conn: Conn, refs: Iterable[EntityRef], *, create: bool = False
@@ -24,15 +61,15 @@ class KeyStore:
         if create and missing:
             fresh = {ref: new_data_key() for ref in missing}
             cursor = await conn.execute(
-                "INSERT INTO entity_keys (tenant_id, entity_type, entity_id, wrapped_key)"
-                " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex')"
+                "INSERT INTO entity_keys"
+                " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format)"
+                " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex'),"
+                " %s::smallint"
                 f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
                 " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
                 (
-                    keyset_param(
-                        (*ref, wrap_key(self._master, key, entity_name(ref)).hex())
-                        for ref, key in fresh.items()
-                    ),
+                    WRAP_FORMAT,
+                    keyset_param((*ref, self.wrap(ref, key).hex()) for ref, key in fresh.items()),
                 ),
             )
             for tenant, entity_type, entity_id in await cursor.fetchall():
@@ -46,15 +83,15 @@ class KeyStore:
         if not refs:
             return {}
         cursor = await conn.execute(
-            "SELECT tenant_id, entity_type, entity_id, wrapped_key FROM entity_keys"
+            "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format FROM entity_keys"
             f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
             " USING (tenant_id, entity_type, entity_id)",
             (keyset_param(refs),),
         )
         found = {}
-        for tenant, entity_type, entity_id, wrapped in await cursor.fetchall():
+        for tenant, entity_type, entity_id, wrapped, wrap_format in await cursor.fetchall():
             ref = (tenant, entity_type, entity_id)
-            found[ref] = unwrap_key(self._master, bytes(wrapped), entity_name(ref))
+            found[ref] = self.unwrap(ref, bytes(wrapped), wrap_format)
         return found
 
 

@@ -25,7 +25,9 @@ class CacheFreshness:
 
     async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
         """Invalidate what each change of ``memory.current`` makes stale (twice is harmless)."""
-        await self._publisher.publish(await isolation.each(messages, self._refresh))
+        dead = await isolation.each(messages, self._refresh)
+        await isolation.dead_letters.keep(dead)  # a letter's key is durable before the letter
+        await self._publisher.publish(dead)
 
     async def _refresh(self, message: InputMessage) -> None:
         with stage("decode"):

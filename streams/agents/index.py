@@ -10,14 +10,13 @@ and they are refused.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
 
-import orjson
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
+from projections.conversation.published import PublishedMessage, parse_record
 from projections.deletion import store as deletion_store
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
@@ -29,6 +28,9 @@ from projections.embeddings.indexer import (
     plan_index,
 )
 from projections.embeddings.vectors import VectorStore
+from projections.sealing.crypto import Unreadable
+from projections.sealing.fields import Shredded
+from projections.sealing.keys import KeyStore
 from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
@@ -55,8 +57,10 @@ class EmbeddingsIndexer:
         topics: TopicNames,
         metrics: Metrics,
         writes: asyncio.Lock,
+        keys: KeyStore,
     ) -> None:
         self._writes = writes
+        self._keys = keys
         self._pool = pool
         self._vectors = vectors
         self._embedder = embedder
@@ -67,48 +71,88 @@ class EmbeddingsIndexer:
 
     name = "embeddings-index"
 
-    def decode(self, message: InputMessage) -> IndexUpdate:
+    def decode(self, message: InputMessage) -> IndexUpdate | PublishedMessage:
         """The index update a message of ``memory.current`` or ``conversation.messages``
-        carries, or ``InvalidMessage``: these are memproj's own outputs, so an unreadable one
-        is a bug or a forgery, dead-lettered like any other."""
+        carries (or a message still sealed, which ``apply`` opens), or ``InvalidMessage``:
+        these are memproj's own outputs, so an unreadable one is a bug or a forgery,
+        dead-lettered like any other."""
         try:
             if message.topic == self._memory_topic:
                 tenant_id, memory_id = entity_of_message(message.key, message.headers)
                 record = MemoryRecord.model_validate_json(message.value) if message.value else None
                 return MemoryUpdate(tenant_id, memory_id, record)
-            data = orjson.loads(message.value or b"null")
-            return MessageUpdate(
-                tenant_id=data["tenant_id"],
-                conversation_id=data["conversation_id"],
-                message_id=data["message_id"],
-                owner=(data["owner_type"], data["owner_id"]),
-                content=tuple(data["content"]),
-                occurred_at=datetime.fromisoformat(data["occurred_at"]),
-                event_id=data["event_id"],
-            )
+            published = parse_record(message.value or b"null")
         except (ValidationError, ValueError, KeyError, TypeError) as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
+        return published if published.sealed is not None else _message_update(published)
 
     async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
         """Index a batch: unreadable messages and those whose update fails are dead-lettered,
         the rest indexed (writing an update twice is harmless, so parts may be redone)."""
         updates: dict[tuple[str, int, int], IndexUpdate] = {}
+        sealed: dict[tuple[str, int, int], PublishedMessage] = {}
         dead: list[OutboxMessage] = []
-        decodable: list[InputMessage] = []
         for message in messages:
             try:
                 with stage("decode"):
-                    updates[_position(message)] = self.decode(message)
-                decodable.append(message)
+                    decoded = self.decode(message)
             except InvalidMessage as invalid:
                 dead.append(isolation.invalid(message, invalid))
+                continue
+            if isinstance(decoded, PublishedMessage):
+                sealed[_position(message)] = decoded
+            else:
+                updates[_position(message)] = decoded
+
+        async def open_part(part: Sequence[InputMessage]) -> list[OutboxMessage]:
+            return await self._open(part, sealed, updates, isolation)
+
+        opened, open_failed = await isolation.split(
+            [m for m in messages if _position(m) in sealed], open_part
+        )
+        dead += [letter for letters in opened for letter in letters]
+        # In the order of the batch: of two updates of one entry, the later one wins.
+        decodable = [m for m in messages if _position(m) in updates]
 
         async def index_part(part: Sequence[InputMessage]) -> None:
             await self.index([updates[_position(m)] for m in part])
 
         _, failed = await isolation.split(decodable, index_part)
-        dead += isolation.judge(len(messages), failed)
+        dead += isolation.judge(len(messages), open_failed + failed)
+        await isolation.dead_letters.keep(dead)  # a letter's key is durable before the letter
         await self._publisher.publish(dead)
+
+    async def _open(
+        self,
+        part: Sequence[InputMessage],
+        sealed: Mapping[tuple[str, int, int], PublishedMessage],
+        updates: dict[tuple[str, int, int], IndexUpdate],
+        isolation: Isolation,
+    ) -> list[OutboxMessage]:
+        """Open the sealed messages of ``part`` with their conversations' data keys (read in
+        one query) into ``updates``; returns the dead letters of those whose seal does not
+        open. A message whose key an erasure shredded is skipped and counted: never indexed,
+        never a dead letter. A key read here and shredded before ``index`` runs changes
+        nothing: ``index`` reads the erasure index in its own transaction and refuses it."""
+        with stage("unseal"):
+            async with self._pool.connection() as conn:
+                keys = await self._keys.keys(conn, [sealed[_position(m)].entity for m in part])
+        dead: list[OutboxMessage] = []
+        shredded = 0
+        for message in part:
+            published = sealed[_position(message)]
+            try:
+                opened = published.opened(keys.get(published.entity))
+            except Shredded:
+                shredded += 1
+                continue
+            except Unreadable as exc:
+                unreadable = InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)[:500])
+                dead.append(isolation.invalid(message, unreadable))
+                continue
+            updates[_position(message)] = _message_update(opened)
+        self._metrics.shredded(self.name, shredded)
+        return dead
 
     async def index(self, updates: Sequence[IndexUpdate]) -> None:
         if not updates:
@@ -177,6 +221,19 @@ class EmbeddingsIndexer:
             conn, (key for update in updates for key in erasure_keys(update))
         )
         return Authoritative(held_memories, held_messages, erasures)
+
+
+def _message_update(published: PublishedMessage) -> MessageUpdate:
+    assert published.content is not None, "opened before it is indexed"
+    return MessageUpdate(
+        tenant_id=published.tenant_id,
+        conversation_id=published.conversation_id,
+        message_id=published.message_id,
+        owner=published.owner,
+        content=published.content,
+        occurred_at=published.occurred_at,
+        event_id=published.event_id,
+    )
 
 
 def _position(message: InputMessage) -> tuple[str, int, int]:

@@ -21,7 +21,8 @@ from functools import partial
 from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
-from projections.deletion.derived import DerivedStore
+from projections.stores import STORE_NAMES
+from projections.stores.base import DerivedStore
 from streams.failures import FailureKind, classify, retry_transient
 from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
@@ -33,6 +34,9 @@ from topics.outputs import DeadLetterReason
 from topics.registry import DELETION_ACKS, TopicNames, entity_key
 
 log = logging.getLogger(__name__)
+
+# A tombstone that names a store memproj does not have was not written by its ledger.
+KNOWN = frozenset(STORE_NAMES)
 
 
 class StillReachable(RuntimeError):
@@ -64,6 +68,7 @@ class TombstoneHandler:
         """Honour every tombstone in order; dead letters are published before the batch is
         acknowledged."""
         dead = await isolation.each(messages, self.handle, "erase")
+        await isolation.dead_letters.keep(dead)  # a letter's key is durable before the letter
         await self._publish(f"{self.store.name}: {len(dead)} dead letters", dead)
 
     async def handle(self, message: InputMessage) -> None:
@@ -138,4 +143,7 @@ class TombstoneHandler:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
         if message.key != entity_key(tombstone.tenant_id, tombstone.deletion_id).encode():
             raise InvalidMessage(DeadLetterReason.KEY_MISMATCH, "key does not match the tombstone")
+        unknown = sorted({*tombstone.required_stores, *(tombstone.for_stores or ())} - KNOWN)
+        if unknown:
+            raise InvalidMessage(DeadLetterReason.INVALID_EVENT, f"unknown stores {unknown}")
         return tombstone

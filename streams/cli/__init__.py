@@ -7,6 +7,8 @@ import click
 from streams.cli.conversation import conversation
 from streams.cli.deletion import delete, deletion
 from streams.cli.demo import demo
+from streams.cli.deployment import deploy
+from streams.cli.dlq import dlq
 from streams.cli.memory import memory, recall
 from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
@@ -38,6 +40,8 @@ for command in (
     replay,
     offsets,
     demo,
+    dlq,
+    deploy,
 ):
     cli.add_command(command)
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import base64
 import re
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any, LiteralString
 
 import click
-import orjson
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections.bookkeeping import Conn
+from projections.deadletters import LetterSealer, open_letters
+from projections.sealing.crypto import parse_master_key
 from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import admin_config, consumer_config, delete_topics, producer_config
@@ -21,6 +22,7 @@ from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
 from topics.messages import InputMessage, header_pairs
+from topics.outputs import DeadLetter
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_REJECTIONS,
@@ -131,6 +133,8 @@ def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
                 "group.id": f"memproj-reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                # Offset 0 of a trimmed or expired partition is gone: start at its first.
+                "auto.offset.reset": "earliest",
             },
         )
     )
@@ -253,15 +257,25 @@ async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict
 
 def _dead_letters(settings: Settings, spec: TopicSpec) -> dict[str, Any]:
     dead = [
-        orjson.loads(message.value)
+        DeadLetter.model_validate_json(message.value)
         for message in read_topic(settings, settings.topics.name(spec) + DLQ_SUFFIX)
         if message.value
     ]
     example = None
     if dead:
-        example = {k: dead[0][k] for k in ("topic", "partition", "offset", "error_code", "error")}
-        example["original"] = base64.b64decode(dead[0]["original"])[:80].decode(errors="replace")
-    return {"by_error": dict(Counter(d["error_code"] for d in dead)), "example": example}
+        first = dead[0]
+        example = first.model_dump(
+            mode="json", include={"topic", "partition", "offset", "error_code", "error"}
+        )
+        sealer = LetterSealer(parse_master_key(settings.master_key))
+        [view] = with_connection(
+            settings, lambda conn: open_letters(conn, sealer, [first], datetime.now(UTC))
+        )
+        # The original opens while its key lives (see ``memproj dlq``).
+        example["original"] = (
+            view.opened.value[:80].decode(errors="replace") if view.opened else f"({view.state})"
+        )
+    return {"by_error": dict(Counter(d.error_code.value for d in dead)), "example": example}
 
 
 @demo.command("report")

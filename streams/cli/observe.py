@@ -16,20 +16,22 @@ from rich.live import Live
 from rich.table import Table
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
-from projections.cache.store import connect as connect_redis
 from projections.deletion import audit as ghost_audit
 from projections.deletion import queries as ledger
+from projections.stores import STORE_NAMES, open_all
+from streams.cli.audit import plaintext
 from streams.cli.common import echo_json, settings_of
 from streams.lag import LagCollector, PartitionLag
-from streams.services import open_vector_store
+from streams.services import StoreSupplies, make_pool
 from streams.settings import Settings
-from topics.deletion import STORES
 
 
 @click.group()
 def audit() -> None:
     """Reconciliation audits."""
+
+
+audit.add_command(plaintext)
 
 
 @audit.command("ghosts")
@@ -40,15 +42,15 @@ def audit_ghosts(ctx: click.Context, as_json: bool) -> None:
     settings = settings_of(ctx)
 
     async def run() -> dict[str, Any]:
-        redis = connect_redis(settings.redis_url)
+        # Stores read through the connection below: the pool is never opened.
+        supplies = StoreSupplies(settings, make_pool(settings.postgres_dsn, 1))
         try:
-            cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
-            vectors = open_vector_store(settings)
+            stores = open_all(supplies)
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-                results = await ghost_audit.audit_ghosts(conn, vectors, cache, datetime.now(UTC))
+                results = await ghost_audit.audit_ghosts(conn, stores, datetime.now(UTC))
                 await conn.commit()
         finally:
-            await redis.aclose()
+            await supplies.aclose()
         return {store: result.to_json() for store, result in results.items()}
 
     found = asyncio.run(run())
@@ -123,7 +125,7 @@ def render(snapshot: Snapshot, settings: Settings) -> Group:
     stores = Table(title="derived stores", expand=True)
     for column in ("store", "pending", "oldest (s)", "overdue", "ghost items", "blocked reads"):
         stores.add_column(column, justify="left" if column == "store" else "right")
-    for store in STORES:
+    for store in STORE_NAMES:
         pending = snapshot.pending.get(store, ledger.PendingDeletions(0, 0.0, 0))
         ghosts, audited = snapshot.ghosts.get(store, (0, None))
         stores.add_row(

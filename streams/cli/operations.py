@@ -23,14 +23,19 @@ def topics() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.pass_context
 def topics_create(ctx: click.Context, as_json: bool) -> None:
-    """Create every topic of the registry that does not exist yet (idempotent)."""
+    """Create every topic of the registry that does not exist yet, and bring the configs of
+    existing ones (retention, compaction bounds) up to the registry (idempotent)."""
     settings = settings_of(ctx)
     results = create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
     if as_json:
-        echo_json([{"topic": r.name, "created": r.created} for r in results])
+        echo_json(
+            [{"topic": r.name, "created": r.created, "updated": list(r.changes)} for r in results]
+        )
         return
     for result in results:
         click.echo(f"{result.detail:8} {result.name}")
+        for change in result.changes:
+            click.echo(f"         {change}")
 
 
 @topics.command("list")
@@ -47,16 +52,18 @@ def topics_list(ctx: click.Context, as_json: bool) -> None:
             "partitions": spec.partitions,
             "cleanup.policy": spec.cleanup_policy.value,
             "retention.ms": spec.retention_ms,
+            "lifetime": dict(spec.lifetime),
         }
         for spec in ALL_TOPICS
     ]
     if as_json:
         echo_json(rows)
         return
-    for row in rows:
+    for spec, row in zip(ALL_TOPICS, rows, strict=True):
         click.echo(
             f"{row['topic']:28} {row['key']:28} p={row['partitions']} "
             f"{row['cleanup.policy']:8} retention={row['retention.ms']}"
+            + "".join(f" {name}={value}" for name, value in spec.lifetime)
         )
 
 

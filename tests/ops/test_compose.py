@@ -3,6 +3,7 @@ stack is checked by reading it: ports, variables, workers and scrape targets."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from streams.cli.deployment import scrape_targets
 from streams.settings import Settings
 from streams.worker import METRICS_PORTS, WORKER_KINDS
 
@@ -65,17 +67,17 @@ def test_every_memproj_variable_is_a_setting_and_points_at_a_compose_service() -
 
 def test_every_worker_kind_runs_with_its_metrics_port_and_is_scraped() -> None:
     prometheus = yaml.safe_load((REPO / "ops/prometheus/prometheus.docker.yml").read_text())
-    targets = {
-        target
-        for job in prometheus["scrape_configs"]
-        for group in job["static_configs"]
-        for target in group["targets"]
-    }
+    discovered = [job["file_sd_configs"][0]["files"] for job in prometheus["scrape_configs"]]
+    assert discovered == [["targets/*.json"]]
+    mounted = {c["source"]: c["target"] for c in SERVICES["prometheus"]["configs"]}
+    assert mounted == {"memproj-targets": "/etc/prometheus/targets/memproj.json"}
+    targets = json.loads(COMPOSE["configs"]["memproj-targets"]["content"])
+    # The same list as the registry's, which ops/stack writes for the local Prometheus.
+    assert targets == scrape_targets(None)
     for kind in WORKER_KINDS:
         service = SERVICES[f"memproj-{kind}"]
         assert service["command"] == ["worker", kind]
         assert host_ports(f"memproj-{kind}") == {METRICS_PORTS[kind]}
-        assert f"memproj-{kind}:{METRICS_PORTS[kind]}" in targets
     init = " ".join(SERVICES["memproj-init"]["entrypoint"])
     assert "memproj topics create" in init and "memproj db migrate" in init
 

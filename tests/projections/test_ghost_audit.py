@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from projections.deletion.audit import erased_entries
 from projections.deletion.derived import erased_by
 from projections.deletion.erasure import (
     Erasure,
@@ -15,6 +14,7 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from projections.embeddings.vectors import VectorEntry, memory_entry_id
+from projections.stores.embeddings import covered_entries as erased_entries
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
 CUT_OFF = datetime(2026, 3, 1, 12, tzinfo=UTC)

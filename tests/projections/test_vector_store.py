@@ -3,8 +3,9 @@ table between processes. No services needed (selection: test_vector_selection.py
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from datetime import UTC
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,12 @@ from hypothesis import strategies as st
 
 from projections.embeddings.lance import LanceVectorStore, sql_string
 from projections.embeddings.vectors import Match, memory_entry_id, message_entry_id
-from support.vector_entries import EMBEDDER, ids, memory, message
+from projections.sealing.crypto import new_data_key
+from projections.sealing.probes import ProbeSealer
+from projections.stores.base import Erased
+from projections.stores.embeddings import EmbeddingsStore
+from support.vector_entries import EMBEDDER, T0, ids, memory, message
+from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
 
 def test_entry_ids_name_the_kind_tenant_and_source() -> None:
@@ -36,10 +42,13 @@ def test_upserted_entries_come_back_as_they_were_stored(store: LanceVectorStore)
     hello = message("c1", "msg1", "hello there")
     store.upsert([seat, hello])
 
-    assert store.get([hello.id, "memory:tenant-a:unknown", seat.id, hello.id]) == [hello, seat]
-    assert store.get([]) == []
+    assert store.get("tenant-a", [hello.id, "memory:tenant-a:unknown", seat.id, hello.id]) == [
+        hello,
+        seat,
+    ]
+    assert store.get("tenant-a", []) == []
     assert store.count() == 2
-    (stored,) = store.get([seat.id])
+    (stored,) = store.get("tenant-a", [seat.id])
     assert stored.occurred_at.tzinfo is UTC
 
 
@@ -48,7 +57,7 @@ def test_upsert_replaces_an_entry_with_the_same_id(store: LanceVectorStore) -> N
     newer = memory("m1", "prefers aisle seats", version=2)
     store.upsert([newer])
 
-    assert store.get([newer.id]) == [newer]
+    assert store.get("tenant-a", [newer.id]) == [newer]
     assert store.count() == 2
 
 
@@ -62,7 +71,7 @@ def test_of_several_entries_with_one_id_in_a_batch_the_last_wins(
 
     store.upsert([second, fresh_one, third, fresh_two])
 
-    assert store.get([stored.id, fresh_one.id]) == [third, fresh_two]
+    assert store.get("tenant-a", [stored.id, fresh_one.id]) == [third, fresh_two]
     assert store.count() == 2
 
 
@@ -154,7 +163,7 @@ def test_removed_entries_stay_in_old_versions_until_the_history_is_purged(
     store.upsert([secret, memory("m2", "likes jazz")])
     before_removal = store.table.version
     assert store.remove(Match("tenant-a", memory_ids=("m1",))) == 1
-    assert store.get([secret.id]) == []
+    assert store.get("tenant-a", [secret.id]) == []
     assert store.history_versions() >= 2
 
     # This is what purge_history exists for: the removed entry is still in the old version.
@@ -200,7 +209,7 @@ def test_purging_an_unchanged_table_keeps_every_entry(store: LanceVectorStore) -
     store.upsert(entries)
     store.purge_history()
     store.purge_history()
-    assert store.get([entry.id for entry in entries]) == entries
+    assert store.get("tenant-a", [entry.id for entry in entries]) == entries
     assert store.history_versions() == 0
 
 
@@ -214,19 +223,19 @@ def test_another_store_on_the_same_path_sees_the_writes(tmp_path: Path) -> None:
 
     first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
     writer.upsert([first, second])
-    assert reader.get([first.id, second.id]) == [first, second]
+    assert reader.get("tenant-a", [first.id, second.id]) == [first, second]
     assert reader.search("tenant-a", first.vector, 1)[0].entry == first
 
     writer.remove(Match("tenant-a", memory_ids=("m1",)))
     writer.purge_history()
 
     assert reader.count() == 1
-    assert reader.get([first.id, second.id]) == [second]
+    assert reader.get("tenant-a", [first.id, second.id]) == [second]
     assert [hit.entry for hit in reader.search("tenant-a", first.vector, 5)] == [second]
     assert reader.history_versions() == 0
     # The reader can take over writing.
     reader.upsert([first])
-    assert writer.get([first.id]) == [first]
+    assert writer.get("tenant-a", [first.id]) == [first]
 
 
 def test_a_reader_whose_version_was_cleaned_up_reopens_the_table(
@@ -236,7 +245,7 @@ def test_a_reader_whose_version_was_cleaned_up_reopens_the_table(
     reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
     first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
     writer.upsert([first, second])
-    assert reader.get([first.id]) == [first]
+    assert reader.get("tenant-a", [first.id]) == [first]
     # The race, made certain: the writer purges between the reader's refresh and its read.
     stale_handle = reader.table
     monkeypatch.setattr(stale_handle, "checkout_latest", lambda: None)
@@ -245,5 +254,90 @@ def test_a_reader_whose_version_was_cleaned_up_reopens_the_table(
     with pytest.raises(RuntimeError, match="Not found"):
         stale_handle.search().to_arrow()
 
-    assert reader.get([first.id, second.id]) == [second]
+    assert reader.get("tenant-a", [first.id, second.id]) == [second]
     assert reader.table is not stale_handle
+
+
+# -- one entry per tenant and id ---------------------------------------------------------
+
+
+def tombstone(tenant_id: str, target: tuple[str, str], items: list[TombstoneItem]) -> Tombstone:
+    return Tombstone(
+        deletion_id="del-1",
+        tenant_id=tenant_id,
+        kind="erasure",
+        target=DeletionTarget(type=target[0], id=target[1]),  # type: ignore[arg-type]
+        items=tuple(items),
+        issued_at=T0,
+        cut_off=T0 + timedelta(hours=1),
+        deadline_at=T0 + timedelta(days=1),
+        required_stores=("embeddings",),
+    )
+
+
+def erase(store: LanceVectorStore, tombstone: Tombstone) -> Erased:
+    """Through the real erasure path of the embeddings store."""
+    embeddings = EmbeddingsStore(store, asyncio.Lock(), ProbeSealer(new_data_key()))
+    return asyncio.run(embeddings.erase(tombstone))
+
+
+def test_tenants_whose_ids_join_alike_keep_their_own_memories(store: LanceVectorStore) -> None:
+    # "acme:x" + "m1" and "acme" + "x:m1" once made one id: one tenant's write replaced the
+    # other's, and erasing one erased both.
+    theirs = memory("m1", "acme:x's memory", tenant_id="acme:x")
+    ours = memory("x:m1", "acme's memory", tenant_id="acme")
+    store.upsert([theirs, ours])
+    store.upsert([dataclasses.replace(ours, text="acme's memory, corrected", version=2)])
+
+    assert store.get("acme:x", [theirs.id, ours.id]) == [theirs]
+    (corrected,) = store.get("acme", [theirs.id, ours.id])
+    assert corrected.text == "acme's memory, corrected"
+    assert store.count() == 2
+    assert [hit.entry for hit in store.search("acme:x", theirs.vector, 5)] == [theirs]
+
+    erased = erase(
+        store, tombstone("acme", ("memory", "x:m1"), [TombstoneItem(type="memory", id="x:m1")])
+    )
+
+    assert erased.removed == 1 and erased.reachable == []
+    assert store.get("acme", [ours.id]) == []
+    assert store.get("acme:x", [theirs.id]) == [theirs]
+    assert store.tenants() == ["acme:x"]
+
+
+def test_messages_whose_ids_join_alike_are_erased_apart(store: LanceVectorStore) -> None:
+    # Within one tenant: conversation "c:1" message "m" and conversation "c" message "1:m".
+    first = message("c:1", "m", "the first conversation", tenant_id="acme")
+    second = message("c", "1:m", "the second conversation", tenant_id="acme")
+    store.upsert([first, second])
+    assert first.id != second.id
+    assert store.entries("acme") == sorted([first, second], key=lambda entry: entry.id)
+
+    erased = erase(
+        store,
+        tombstone(
+            "acme",
+            ("conversation", "c:1"),
+            [TombstoneItem(type="message", id="m", conversation_id="c:1")],
+        ),
+    )
+
+    assert erased.removed == 1 and erased.reachable == []
+    assert store.entries("acme") == [second]
+    assert [hit.entry for hit in store.search("acme", first.vector, 5)] == [second]
+
+
+def test_an_upsert_never_replaces_another_tenants_entry_with_the_same_id(
+    store: LanceVectorStore,
+) -> None:
+    # Ids name the tenant, but the store does not rely on it: it merges on (tenant, id).
+    mine = memory("m1", "mine", tenant_id="tenant-a")
+    forged = dataclasses.replace(memory("m1", "forged", tenant_id="tenant-b"), id=mine.id)
+    store.upsert([mine])
+    store.upsert([forged])
+
+    assert store.get("tenant-a", [mine.id]) == [mine]
+    assert store.get("tenant-b", [mine.id]) == [forged]
+    assert store.count() == 2
+    assert store.tenants() == ["tenant-a", "tenant-b"]
+    assert store.entries("tenant-a") == [mine]

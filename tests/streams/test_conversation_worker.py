@@ -14,8 +14,14 @@ from projections.conversation import store
 from projections.conversation.context import ContextSettings, build_context
 from projections.conversation.reducer import reduce_batch
 from streams.sample import EventFactory, to_message
+from support.deadletters import open_topic_letters
 from topics.codec import EventCodec
-from topics.registry import CONVERSATION_EVENTS, CONVERSATION_REJECTIONS, MEMORY_EVENTS
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    CONVERSATION_MESSAGES,
+    CONVERSATION_REJECTIONS,
+    MEMORY_EVENTS,
+)
 from topics.schemas import default_schemas
 
 pytestmark = pytest.mark.integration
@@ -166,6 +172,18 @@ def test_redaction_happens_before_postgres_and_is_counted(env: Any) -> None:
     assert 'memproj_redactions_total{kind="api_key"} 2.0' in metrics
     assert 'memproj_redactions_total{kind="card_number"} 1.0' in metrics
 
+    # conversation.messages carries the messages sealed: neither the secrets nor the text.
+    def published() -> bytes | None:
+        values = [m.value or b"" for m in env.read_messages(CONVERSATION_MESSAGES)]
+        return b" ".join(values) if len(values) == len(SECRETS) else None
+
+    on_topic = env.wait_until(published, "the messages on conversation.messages")
+    assert on_topic.count(b'"sealed"') == len(SECRETS)
+    assert b"REDACTED" not in on_topic and b"here you go" not in on_topic
+    for kind, secret in SECRETS.items():
+        core = secret.split()[-1] if kind != "private_key" else "MIIEvQIBADANBgkqhkiG9w0"
+        assert core.encode() not in on_topic, kind
+
 
 def test_order_survives_redelivery_and_restarts(env: Any) -> None:
     f = EventFactory()
@@ -257,7 +275,8 @@ def test_a_message_too_large_once_sealed_is_dead_lettered_and_the_rest_applied(e
     dead = [letter for _, letter in env.read(CONVERSATION_EVENTS, ".dlq")]
     assert [(d["key"], d["error_code"]) for d in dead] == [("acme:c1", "unstorable")]
     assert dead[0]["original_truncated"] is True
-    assert "above the limit" in dead[0]["error"]
+    [view] = open_topic_letters(env, CONVERSATION_EVENTS)
+    assert view.opened is not None and "above the limit" in view.opened.detail
     conversation = read(env, lambda c: store.load_conversation(c, "acme", "c1"))
     assert conversation is not None
     assert [m.message_id for m in conversation.messages] == ["m1", "m2"]

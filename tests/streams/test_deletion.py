@@ -27,6 +27,7 @@ from support.deletion_scenario import (
     request,
     seed,
     semantic_recall,
+    stores_of,
     vectors,
     wait_verified,
 )
@@ -339,7 +340,7 @@ def test_a_recall_after_the_erasure_leaves_the_verification_clean(env: Any) -> N
     assert env.run(under_alice)
 
     async def verified_again(conn: Any) -> dict[str, Any]:
-        return await verify(conn, vectors(env), cache_of(env), "acme", "d_alice")
+        return await verify(conn, stores_of(env), "acme", "d_alice")
 
     found = env.run(verified_again)
     assert found["found"]["cache"] == [], found

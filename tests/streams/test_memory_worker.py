@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import random
 import socket
 import time
@@ -18,6 +17,7 @@ import pytest
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams.sample import EventFactory, sample_memory_stream, to_message
+from support.deadletters import open_topic_letters, opened_original
 from topics.registry import (
     MEMORY_CURRENT,
     MEMORY_EVENTS,
@@ -222,11 +222,12 @@ def test_invalid_messages_go_to_the_dlq_and_the_worker_keeps_going(env: Any) -> 
             "empty_value",
         ]
     )
-    for letter in dead:
-        assert letter["topic"] == env.topic(MEMORY_EVENTS)
-        assert letter["error"]
-        original = base64.b64decode(letter["original"])
-        assert original == (messages[letter["offset"]][1] or b"") or letter["partition"] >= 0
+    for view in open_topic_letters(env, MEMORY_EVENTS):
+        assert view.letter.topic == env.topic(MEMORY_EVENTS)
+        assert view.letter.error
+        # The sealed original is the message, with its key (the keys here are unique).
+        assert view.opened is not None and view.opened.key is not None
+        assert opened_original(view) == (dict(messages)[view.opened.key] or b"")
     with env.connect() as conn:
         stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert stored == {f"ok_{i}" for i in range(5)}
@@ -263,7 +264,8 @@ def test_what_postgresql_or_kafka_cannot_hold_is_dead_lettered_and_the_rest_appl
     assert [(d["key"], d["error_code"]) for d in sealed_dead] == [
         (messages[3][0].decode(), "unstorable")
     ]
-    assert "index row" in sealed_dead[0]["error"]
+    [sealed_view] = open_topic_letters(env, MEMORY_SEALED)
+    assert sealed_view.opened is not None and "index row" in sealed_view.opened.detail
     with env.connect() as conn:
         stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert stored == {f"ok_{i}" for i in range(4)}
@@ -412,9 +414,9 @@ def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_o
     )
     sealer, worker = env.worker("sealer"), env.worker()
     env.wait_caught_up()
-    (letter,) = [value for _, value in env.read(MEMORY_EVENTS, ".dlq")]
-    assert letter["error_code"] == "invalid_event"
-    assert "deeper than 64 levels" in letter["error"]
+    (view,) = open_topic_letters(env, MEMORY_EVENTS)
+    assert view.letter.error_code == "invalid_event"
+    assert view.opened is not None and "deeper than 64 levels" in view.opened.detail
     with env.connect() as conn:
         memories = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert memories == {"before", "after"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +25,7 @@ from streams.failures import SystemicFailure
 from streams.isolation import CircuitBreaker, Isolation
 from streams.metrics import Metrics
 from streams.runner import ProjectionRunner
+from support.deadletters import memory_dead_letters
 from support.fakes import Publisher, Source, Stops, loop_for
 from topics.codec import InvalidMessage
 from topics.messages import InputMessage
@@ -135,6 +136,30 @@ class Tracking:
     async def remove_from_outbox(self, conn: Database, ids: Sequence[int]) -> None:
         for outbox_id in ids:
             del conn.state["outbox"][outbox_id]
+
+    async def publish_outbox_batch(
+        self,
+        conn: Database,
+        batch_id: uuid.UUID | None,
+        messages: Sequence[OutboxMessage],
+        publish: Callable[[Sequence[OutboxMessage]], Awaitable[None]],
+    ) -> None:
+        # The row locks are PostgreSQL's (tests/streams/test_compaction.py): here, the order.
+        await publish(messages)
+        await self.remove_outbox_batch(conn, batch_id)
+
+    async def publish_pending_outbox(
+        self,
+        conn: Database,
+        producer: str,
+        publish: Callable[[Sequence[OutboxMessage]], Awaitable[None]],
+        max_bytes: int = 1 << 30,
+    ) -> int:
+        pending = await self.pending_outbox(conn, producer, max_bytes=max_bytes)
+        if pending:
+            await publish([message for _, message in pending])
+            await self.remove_from_outbox(conn, [i for i, _ in pending])
+        return len(pending)
 
 
 @dataclass(frozen=True)
@@ -344,7 +369,7 @@ def test_the_outbox_drain_publishes_a_bounded_number_of_bytes_at_a_time() -> Non
 
 def test_isolation_is_judged_before_anything_is_dead_lettered() -> None:
     breaker = CircuitBreaker("fake", ratio=0.5, min_failures=2, window=4)
-    isolation = Isolation(breaker, Metrics(CollectorRegistry()))
+    isolation = Isolation(breaker, Metrics(CollectorRegistry()), memory_dead_letters())
     with pytest.raises(SystemicFailure):
         isolation.judge(2, [(message(0), _failure()), (message(1), _failure())])
 

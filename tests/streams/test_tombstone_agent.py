@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from projections.deletion.derived import Erased
+from projections.stores.base import Erased
 from streams.agents.tombstones import TombstoneHandler
 from streams.metrics import Metrics
 from support.fakes import Publisher, Source, Stops, loop_for

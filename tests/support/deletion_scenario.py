@@ -13,8 +13,10 @@ from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import Match
 from projections.memory.store import RecallQuery
+from projections.stores import DerivedStore, open_all
 from streams import reads
 from streams.sample import EventFactory
+from streams.services import StoreSupplies, make_pool
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
 ALICE = ("user", "alice")
@@ -150,3 +152,9 @@ def prime_cache(env: Any, tenant: str) -> None:
         await reads.context_view(conn, cache, tenant, "c_alice")
 
     env.run(run)
+
+
+def stores_of(env: Any) -> list[DerivedStore]:
+    """Every registered derived store, opened on this test's settings (read-only use: the
+    pool they are given is never opened)."""
+    return open_all(StoreSupplies(env.settings, make_pool(env.settings.postgres_dsn, 1)))

@@ -13,6 +13,7 @@ from streams.isolation import CircuitBreaker, Isolation
 from streams.kafka import PublishFailed
 from streams.loop import Batch, BatchHandler, BatchLimits, BatchLoop
 from streams.metrics import Metrics
+from support.deadletters import memory_dead_letters
 from topics.messages import InputMessage
 
 
@@ -74,6 +75,6 @@ def loop_for(
     breaker: CircuitBreaker | None = None,
 ) -> BatchLoop:
     metrics = Metrics(CollectorRegistry())
-    isolation = Isolation(breaker or CircuitBreaker(handler.name), metrics)
+    isolation = Isolation(breaker or CircuitBreaker(handler.name), metrics, memory_dead_letters())
     limits = BatchLimits(max_events=100, max_wait_seconds=0.01, max_bytes=max_bytes)
     return BatchLoop(handler, isolation, limits, metrics, stops, max_backoff_seconds=0.01)

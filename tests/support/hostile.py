@@ -46,6 +46,7 @@ import pydantic_core
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from projections.stores import STORE_NAMES as STORES
 from streams.sample import (
     EPOCH,
     EventFactory,
@@ -55,7 +56,7 @@ from streams.sample import (
     sample_conversation_stream,
     sample_memory_stream,
 )
-from topics.deletion import STORES, Acknowledgement
+from topics.deletion import Acknowledgement
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_MESSAGES,

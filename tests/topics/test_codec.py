@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import base64
-from datetime import UTC, datetime
-
 import orjson
 import pytest
 from pydantic import ValidationError
 
 from streams.sample import EventFactory, to_message
-from topics.codec import EventCodec, InvalidMessage, encode
+from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MemoryProposed, MemoryVerified
-from topics.outputs import ORIGINAL_MAX_BYTES, DeadLetter, DeadLetterReason
-from topics.registry import MESSAGE_MAX_BYTES
+from topics.outputs import DeadLetterReason
 from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 MEMORY_TYPES = frozenset(
@@ -151,21 +147,3 @@ def test_a_nul_character_anywhere_is_invalid_and_escaped_backslashes_are_not(
     # A backslash followed by "u0000" is text, not a NUL character.
     literal = f.proposed("t1", "m4", value={"text": "\\u0000"})
     assert codec.decode(*to_message(literal)).payload.value == {"text": "\\u0000"}
-
-
-def test_a_dead_letter_keeps_at_most_its_bound_of_the_original() -> None:
-    failed_at = datetime.now(UTC)
-
-    def letter(value: bytes, key: bytes | None) -> DeadLetter:
-        return DeadLetter.of(value, topic="t", partition=0, offset=1, error="e",
-                             error_code=DeadLetterReason.INVALID_EVENT, key=key,
-                             failed_at=failed_at)  # fmt: skip
-
-    small = letter(b"abc", b"k")
-    assert base64.b64decode(small.original) == b"abc"
-    assert (small.original_truncated, small.original_size) == (False, 3)
-    value = b"x" * (ORIGINAL_MAX_BYTES + 10)
-    big = letter(value, None)
-    assert base64.b64decode(big.original) == value[:ORIGINAL_MAX_BYTES]
-    assert (big.original_truncated, big.original_size, big.key) == (True, len(value), None)
-    assert len(encode(big)) < MESSAGE_MAX_BYTES

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from topics.messages import header_pairs
-from topics.registry import entity_headers, entity_key, entity_of_message
+from topics.registry import (
+    ALL_TOPICS,
+    COMPACTION_SEGMENT_MS,
+    MEMORY_CURRENT,
+    entity_headers,
+    entity_key,
+    entity_of_message,
+)
 
 
 def test_headers_name_the_entity_when_the_tenant_id_holds_a_colon() -> None:
@@ -29,3 +36,12 @@ def test_header_pairs_accepts_what_kafka_clients_return() -> None:
         ("tenant_id", b"t"),
         ("empty", b""),
     ]
+
+
+def test_memory_current_carries_its_compaction_bound_and_other_topics_none() -> None:
+    config = MEMORY_CURRENT.config()
+    assert config["cleanup.policy"] == "compact"
+    assert config["segment.ms"] == str(COMPACTION_SEGMENT_MS)
+    assert int(config["max.compaction.lag.ms"]) <= COMPACTION_SEGMENT_MS  # due once rolled
+    assert config["min.compaction.lag.ms"] == "0"
+    assert [spec.base_name for spec in ALL_TOPICS if spec.lifetime] == ["memory.current"]

@@ -1,0 +1,88 @@
+"""The small base every derived store is built on.
+
+A derived store is a copy of projected data kept somewhere else for a reader (vectors, a
+cache, a table of summaries). Everything memproj does with one lives on its object: erasing a
+tombstone's items, telling the verification probe what of an erased target it still holds,
+telling the ghost audit what of every erasure it still holds, and its operational facts (its
+worker's metrics port, its deletion SLO, which targets it holds copies of). Workers, the
+ledger, the probe, the audit, the metrics and the deployment configs all come from the
+registry (``projections.stores``) or are tested against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from psycopg_pool import AsyncConnectionPool
+
+from projections.bookkeeping import Conn
+from projections.cache.store import RedisCache
+from projections.deletion.erasure import ErasureIndex
+from projections.embeddings.vectors import VectorStore
+from projections.sealing.probes import ProbeSealer
+from topics.deletion import TargetType, Tombstone
+
+ALL_TARGETS: frozenset[TargetType] = frozenset({"subject", "conversation", "memory"})
+CONVERSATION_TARGETS: frozenset[TargetType] = frozenset({"subject", "conversation"})
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    removed: int
+    # What of the tombstone's items can still be read in the store; empty means verified.
+    reachable: list[str]
+
+
+class StoreResources(Protocol):
+    """What stores are opened from; a worker opens only what its stores use."""
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Conn]: ...
+
+    @property
+    def vectors(self) -> VectorStore: ...
+
+    @property
+    def cache(self) -> RedisCache: ...
+
+    @property
+    def probes(self) -> ProbeSealer:
+        """Opens the verification probe's sealed vectors."""
+        ...
+
+    @property
+    def vector_writes(self) -> asyncio.Lock:
+        """Held by every write to the vector store (index updates and tombstones)."""
+        ...
+
+
+class DerivedStore(ABC):
+    name: ClassVar[str]
+    # The port of the store's worker's /metrics endpoint.
+    metrics_port: ClassVar[int]
+    # How long the store may take to acknowledge a tombstone before the ledger reports it
+    # overdue (``MemprojDeletionPendingTooLong`` compares against it).
+    deletion_slo_seconds: ClassVar[int]
+    # The deletion targets it holds copies of: the tombstones it must acknowledge.
+    covers: ClassVar[frozenset[TargetType]] = ALL_TARGETS
+
+    @classmethod
+    @abstractmethod
+    def open(cls, resources: StoreResources) -> DerivedStore: ...
+
+    @abstractmethod
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        """Remove every copy of the tombstone's items, then check they are unreachable."""
+
+    @abstractmethod
+    async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
+        """For the verification probe: what of the erased target a reader can still get."""
+
+    @abstractmethod
+    async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
+        """For the ghost audit: what the store holds that an erasure or revocation covers
+        (``covered``: per tenant), read from the store itself, not from acknowledgements."""

@@ -1,0 +1,120 @@
+"""The vector store of memories and messages, for semantic recall."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from projections.bookkeeping import Conn
+from projections.deletion import store as deletion_store
+from projections.deletion.coverage import keys_of
+from projections.deletion.derived import erased_by, match_of
+from projections.deletion.erasure import ErasureIndex
+from projections.embeddings.vectors import Match, VectorEntry, VectorStore, memory_entry_id
+from projections.sealing.probes import ProbeSealer
+from projections.stores.base import DerivedStore, Erased, StoreResources
+from topics.deletion import Tombstone
+
+
+class EmbeddingsStore(DerivedStore):
+    """Removal is complete only once old table versions are gone too: a removed vector must
+    not stay readable through the store's history.
+
+    ``writes`` is the lock the worker's index updates take too: between removing, purging
+    the history and checking, no other write adds a table version.
+    """
+
+    name = "embeddings"
+    metrics_port = 9104
+    deletion_slo_seconds = 900
+
+    def __init__(self, vectors: VectorStore, writes: asyncio.Lock, probes: ProbeSealer) -> None:
+        self._vectors = vectors
+        self._writes = writes
+        self._probes = probes
+
+    @classmethod
+    def open(cls, resources: StoreResources) -> EmbeddingsStore:
+        return cls(resources.vectors, resources.vector_writes, resources.probes)
+
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        match = match_of(tombstone)
+        async with self._writes:
+            found = await asyncio.to_thread(self._vectors.find, match)
+            doomed = tuple(entry.id for entry in erased_by(tombstone, found))
+            removed = await asyncio.to_thread(
+                self._vectors.remove, Match(tombstone.tenant_id, entry_ids=doomed)
+            )
+            await asyncio.to_thread(self._vectors.purge_history)
+            found = await asyncio.to_thread(self._vectors.find, match)
+            left = [entry.id for entry in erased_by(tombstone, found)]
+            versions = await asyncio.to_thread(self._vectors.history_versions)
+        if versions:
+            left.append(f"{versions} old table versions")
+        return Erased(removed, left)
+
+    async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
+        """By target, by item id, by content (the probe vectors of the erased text: a hit of
+        the target is a copy that survived under another id) and through old versions."""
+        tenant = tombstone.tenant_id
+        match = match_of(tombstone)
+        found = {
+            f"target:{e.id}"
+            for e in erased_by(tombstone, await asyncio.to_thread(self._vectors.find, match))
+        }
+        memories = [memory_entry_id(tenant, m) for m in tombstone.ids("memory")]
+        found |= {
+            f"id:{e.id}" for e in await asyncio.to_thread(self._vectors.get, tenant, memories)
+        }
+        probes = await deletion_store.load_probes(conn, tenant, tombstone.deletion_id, self._probes)
+        for _, _, vector in probes:
+            for hit in await asyncio.to_thread(self._vectors.search, tenant, vector, 5):
+                if match.matches(hit.entry):
+                    found.add(f"content:{hit.entry.id}")
+        versions = await asyncio.to_thread(self._vectors.history_versions)
+        return sorted(found) + ([f"{versions} old table versions"] if versions else [])
+
+    async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
+        found: set[str] = set()
+        for tenant, index in covered.items():
+            subjects = [(k[2], k[3]) for k in index.entries if k[1] == "subject"]
+            matches = [_match(tenant, index)] + [
+                Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
+            ]
+            for match in matches:
+                entries = await asyncio.to_thread(self._vectors.find, match)
+                found.update(entry.id for entry in covered_entries(entries, {tenant: index}))
+        return sorted(found)
+
+
+def covered_entries(
+    entries: list[VectorEntry], covered: Mapping[str, ErasureIndex]
+) -> list[VectorEntry]:
+    """The entries an erasure or revocation covers: ghosts, wherever they are found."""
+    return [
+        entry
+        for entry in entries
+        if (index := covered.get(entry.tenant_id)) is not None
+        and index.covering(
+            keys_of(
+                entry.tenant_id,
+                (entry.subject_type, entry.subject_id),
+                memory_id=entry.memory_id,
+                conversation_id=entry.conversation_id,
+            ),
+            entry.occurred_at,
+        )
+        is not None
+    ]
+
+
+def _match(tenant: str, index: ErasureIndex) -> Match:
+    subjects = [k for k in index.entries if k[1] == "subject"]
+    return Match(
+        tenant_id=tenant,
+        conversation_ids=tuple(k[3] for k in index.entries if k[1] == "conversation"),
+        memory_ids=tuple(k[3] for k in index.entries if k[1] == "memory"),
+        # One subject per Match: the others are found through their memories and
+        # conversations, and separately.
+        subject=(subjects[0][2], subjects[0][3]) if subjects else None,
+    )

@@ -1,0 +1,64 @@
+"""Derived tables of the conversation projection, keyed by conversation and owner: the
+summaries (``conversation_summaries``) and the context views (``conversation_context``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from projections.bookkeeping import Conn
+from projections.deletion import coverage
+from projections.deletion.erasure import ErasureIndex
+from projections.stores.base import CONVERSATION_TARGETS, DerivedStore, Erased, StoreResources
+from topics.deletion import Tombstone
+
+
+class ConversationTableStore(DerivedStore):
+    covers = CONVERSATION_TARGETS
+    table: ClassVar[coverage.Coverage]
+
+    def __init__(self, pool: AsyncConnectionPool[Conn]) -> None:
+        self._pool = pool
+
+    @classmethod
+    def open(cls, resources: StoreResources) -> ConversationTableStore:
+        return cls(resources.pool)
+
+    def _of(self, tombstone: Tombstone, select: str) -> tuple[sql.Composed, dict[str, object]]:
+        return self.table.of_deletion(select), coverage.tombstone_params(tombstone)
+
+    async def erase(self, tombstone: Tombstone) -> Erased:
+        async with self._pool.connection() as conn:
+            removed = await conn.execute(*self._of(tombstone, "DELETE"))
+            await conn.commit()
+            return Erased(removed.rowcount, await self.reachable(conn, tombstone))
+
+    async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
+        cursor = await conn.execute(*self._of(tombstone, "SELECT DISTINCT t.conversation_id"))
+        return [f"{self.table.table}:{row[0]}" for row in await cursor.fetchall()]
+
+    async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
+        cursor = await conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT t.tenant_id || ':' || t.conversation_id FROM {table} t"
+                " JOIN erased_entities e ON {covered} ORDER BY 1"
+            ).format(table=sql.Identifier(self.table.table), covered=self.table.covered())
+        )
+        return [row[0] for row in await cursor.fetchall()]
+
+
+class SummariesStore(ConversationTableStore):
+    name = "summaries"
+    metrics_port = 9105
+    deletion_slo_seconds = 600
+    table = coverage.SUMMARIES
+
+
+class ContextStore(ConversationTableStore):
+    name = "context"
+    metrics_port = 9107
+    deletion_slo_seconds = 600
+    table = coverage.CONTEXT
