@@ -15,6 +15,9 @@ the topic is then readable exactly while its key row lives:
 
 A letter must never be published before its key row is durable: the projections store the keys
 in their batch's transaction, the agents before they publish (``PostgresLetterKeys``).
+
+Each key row names the master key that wrapped it (``master_key_id``); the newest configured
+master key wraps new ones, and ``rewrap_letter_keys`` moves the others to it (rotation).
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from projections.sealing.crypto import (
+    DEFAULT_MASTER_KEY_ID,
+    MasterKeys,
     Unreadable,
+    as_master_keys,
     derive_key,
     encode_associated,
     new_data_key,
@@ -123,7 +129,9 @@ def owner_of(key: bytes | None, value: bytes | None) -> LetterOwner:
         conversation_id = _source_conversation(found("source"))
     tenant_id = _ident(document.get("tenant_id"))
     if tenant_id is None and message_key is not None:
-        tenant_id = _ident(message_key.partition(":")[0]) if ":" in message_key else None
+        # Only an unambiguous key names its tenant: with two colons, either part may be it
+        # (the erasure still reaches the letter through every split of its key).
+        tenant_id = _ident(message_key.partition(":")[0]) if message_key.count(":") == 1 else None
     return LetterOwner(
         tenant_id=tenant_id,
         subject_type=subject_type if subject_id is not None else None,
@@ -214,6 +222,7 @@ class LetterKey:
     owner: LetterOwner
     failed_at: datetime
     expires_at: datetime
+    master_key_id: str = DEFAULT_MASTER_KEY_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +247,27 @@ class Position:
 class LetterSealer:
     """Seals letters under fresh data keys and opens them with their stored wrapped key."""
 
-    def __init__(self, master_key: bytes, retention: timedelta = DEAD_LETTER_RETENTION) -> None:
-        self._wrapping = derive_key(master_key, _WRAPPING_PURPOSE)
+    def __init__(
+        self, master_keys: bytes | MasterKeys, retention: timedelta = DEAD_LETTER_RETENTION
+    ) -> None:
+        self.master_keys = as_master_keys(master_keys)
+        self._wrapping = {
+            key_id: derive_key(key, _WRAPPING_PURPOSE) for key_id, key in self.master_keys
+        }
         self.retention = retention
+
+    @property
+    def key_id(self) -> str:
+        """The id of the master key that wraps new letter keys: the newest."""
+        return self.master_keys.newest_id
+
+    def wrap(self, key_id: str, data_key: bytes) -> bytes:
+        return wrap_key(self._wrapping[self.key_id], data_key, _wrapping_associated(key_id))
+
+    def unwrap(self, key_id: str, wrapped_key: bytes, master_key_id: str) -> bytes:
+        self.master_keys.key(master_key_id)  # names a missing master key clearly
+        wrapping = self._wrapping[master_key_id]
+        return unwrap_key(wrapping, wrapped_key, _wrapping_associated(key_id))
 
     def seal(
         self,
@@ -273,21 +300,28 @@ class LetterSealer:
         )
         row = LetterKey(
             key_id=key_id,
-            wrapped_key=wrap_key(self._wrapping, data_key, _wrapping_associated(key_id)),
+            wrapped_key=self.wrap(key_id, data_key),
             topic=at.topic,
             partition=at.partition,
             offset=at.offset,
             owner=owner_of(key, value),
             failed_at=failed_at,
             expires_at=failed_at + self.retention,
+            master_key_id=self.key_id,
         )
         return sealed, row
 
-    def open(self, sealed: SealedOriginal, wrapped_key: bytes, at: Position) -> Opened:
+    def open(
+        self,
+        sealed: SealedOriginal,
+        wrapped_key: bytes,
+        at: Position,
+        master_key_id: str = DEFAULT_MASTER_KEY_ID,
+    ) -> Opened:
         """The letter's original, or ``Unreadable`` (tampered, moved, or not this key)."""
         if sealed.format != LETTER_FORMAT:
             raise Unreadable(f"unknown dead-letter format {sealed.format!r}")
-        data_key = unwrap_key(self._wrapping, wrapped_key, _wrapping_associated(sealed.key_id))
+        data_key = self.unwrap(sealed.key_id, wrapped_key, master_key_id)
         try:
             ciphertext = base64.b64decode(sealed.ciphertext, validate=True)
         except ValueError as exc:
@@ -396,14 +430,15 @@ async def save_keys(conn: Conn, keys: Sequence[LetterKey]) -> None:
                 k.expires_at,
                 None if erasure is None else erasure.deletion_id,
                 None if erasure is None else k.failed_at,
+                k.master_key_id,
             )
         )
     async with conn.cursor() as cursor:
         await cursor.executemany(
             'INSERT INTO dead_letter_keys (key_id, wrapped_key, topic, "partition", "offset",'
             " tenant_id, subject_type, subject_id, memory_id, conversation_id, message_key,"
-            " failed_at, expires_at, erased_by, erased_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " failed_at, expires_at, erased_by, erased_at, master_key_id)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (key_id) DO NOTHING",
             rows,
         )
@@ -448,6 +483,42 @@ async def destroy_expired(conn: Conn, now: datetime) -> int:
     return cursor.rowcount
 
 
+async def rewrap_letter_keys(conn: Conn, sealer: LetterSealer, limit: int) -> dict[str, int]:
+    """Re-wrap up to ``limit`` letter keys not wrapped by the newest master key, in the
+    caller's transaction; the count per master key they left. Rows another transaction holds
+    are skipped (SKIP LOCKED) for a later batch; an erased or expired key is not there to
+    update (only live keys are updated, never brought back)."""
+    cursor = await conn.execute(
+        "SELECT key_id::text, wrapped_key, master_key_id FROM dead_letter_keys"
+        " WHERE wrapped_key IS NOT NULL AND master_key_id <> %s"
+        " ORDER BY key_id LIMIT %s FOR UPDATE SKIP LOCKED",
+        (sealer.key_id, limit),
+    )
+    rows = []
+    from_keys: dict[str, int] = {}
+    for key_id, wrapped, master_key_id in await cursor.fetchall():
+        data_key = sealer.unwrap(key_id, bytes(wrapped), master_key_id)
+        rows.append((sealer.wrap(key_id, data_key), sealer.key_id, key_id))
+        from_keys[master_key_id] = from_keys.get(master_key_id, 0) + 1
+    if rows:
+        async with conn.cursor() as update:
+            await update.executemany(
+                "UPDATE dead_letter_keys SET wrapped_key = %s, master_key_id = %s"
+                " WHERE key_id = %s::uuid AND wrapped_key IS NOT NULL",
+                rows,
+            )
+    return from_keys
+
+
+async def count_letter_keys_not_newest(conn: Conn, sealer: LetterSealer) -> dict[str, int]:
+    cursor = await conn.execute(
+        "SELECT master_key_id, count(*) FROM dead_letter_keys"
+        " WHERE wrapped_key IS NOT NULL AND master_key_id <> %s GROUP BY master_key_id",
+        (sealer.key_id,),
+    )
+    return {key_id: count for key_id, count in await cursor.fetchall()}
+
+
 KeyState = Literal["open", "erased", "expired", "missing"]
 # What a reader finds: a key state, a letter written before sealing ("plaintext": its
 # ``original`` is the contract's base64) or one whose seal does not open with its key.
@@ -459,19 +530,22 @@ class StoredKey:
     wrapped_key: bytes | None
     erased_by: str | None
     expires_at: datetime
+    master_key_id: str = DEFAULT_MASTER_KEY_ID
 
 
 async def load_keys(conn: Conn, key_ids: Iterable[str]) -> dict[str, StoredKey]:
     """The stored rows of these keys (a key id that is no UUID has none)."""
     wanted = sorted({key_id for key_id in key_ids if _is_uuid(key_id)})
     cursor = await conn.execute(
-        "SELECT key_id::text, wrapped_key, erased_by, expires_at FROM dead_letter_keys"
-        " WHERE key_id = ANY(%s::uuid[])",
+        "SELECT key_id::text, wrapped_key, erased_by, expires_at, master_key_id"
+        " FROM dead_letter_keys WHERE key_id = ANY(%s::uuid[])",
         (wanted,),
     )
     return {
-        key_id: StoredKey(None if wrapped is None else bytes(wrapped), erased_by, expires_at)
-        for key_id, wrapped, erased_by, expires_at in await cursor.fetchall()
+        key_id: StoredKey(
+            None if wrapped is None else bytes(wrapped), erased_by, expires_at, master_key_id
+        )
+        for key_id, wrapped, erased_by, expires_at, master_key_id in await cursor.fetchall()
     }
 
 
@@ -530,7 +604,8 @@ async def open_letters(
             continue
         at = Position(letter.topic, letter.partition, letter.offset)
         try:
-            views.append(LetterView(letter, "open", sealer.open(sealed, row.wrapped_key, at)))
+            opened = sealer.open(sealed, row.wrapped_key, at, row.master_key_id)
+            views.append(LetterView(letter, "open", opened))
         except (Unreadable, ValueError, KeyError, TypeError):
             views.append(LetterView(letter, "unreadable"))
     return views

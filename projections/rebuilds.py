@@ -14,12 +14,11 @@ is created, and from then on:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from psycopg import sql
+from psycopg import errors, sql
 
 from projections.bookkeeping import Conn
 from projections.deletion import coverage
@@ -47,11 +46,16 @@ async def forget(conn: Conn, schema: str) -> None:
     await conn.execute("DELETE FROM rebuild_schemas WHERE schema_name = %s", (schema,))
 
 
-async def registered(conn: Conn) -> list[RebuildSchema]:
-    """The registered schemas that still exist (an operator may have dropped one by hand)."""
+async def registered(conn: Conn, *, hold: bool = False) -> list[RebuildSchema]:
+    """The registered schemas that still exist (an operator may have dropped one by hand).
+
+    With ``hold``, their rows stay share-locked until the transaction ends: ``drop_expired``
+    deletes a row before it drops its schema, so a schema an erasure is reaching is not
+    dropped under it (and one being dropped is skipped)."""
     cursor = await conn.execute(
         "SELECT r.schema_name, r.projection, r.role, r.created_at FROM rebuild_schemas r"
         " JOIN pg_namespace n ON n.nspname = r.schema_name ORDER BY r.schema_name"
+        + (" FOR SHARE OF r" if hold else "")
     )
     return [RebuildSchema(*row) for row in await cursor.fetchall()]
 
@@ -71,10 +75,15 @@ async def erase_copies(conn: Conn, erasure: dict[str, object]) -> int:
     ``coverage.deletion_params``). A rebuild writing its shadow at the same time takes the
     tenant lock this transaction holds, so it waits, then sees the erasure."""
     removed = 0
-    for schema in await registered(conn):
-        for rule in await _covered_tables(conn, schema.name):
-            cursor = await conn.execute(rule.of_deletion("DELETE", schema.name), erasure)
-            removed += cursor.rowcount
+    for schema in await registered(conn, hold=True):
+        try:
+            async with conn.transaction():  # a savepoint: see below
+                for rule in await _covered_tables(conn, schema.name):
+                    cursor = await conn.execute(rule.of_deletion("DELETE", schema.name), erasure)
+                    removed += cursor.rowcount
+        except (errors.UndefinedTable, errors.InvalidSchemaName):
+            # Dropped by hand since it was read: nothing of it is left to erase.
+            continue
     return removed
 
 
@@ -100,24 +109,18 @@ async def covered_copies(conn: Conn, erasure: dict[str, object] | None = None) -
 
 async def drop_expired(conn: Conn, now: datetime, grace: timedelta) -> list[str]:
     """Drop the rebuild schemas older than ``grace``; returns their names."""
-    dropped = []
-    for schema in await registered(conn):
-        if schema.created_at + grace <= now:
-            await conn.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema.name))
-            )
-            dropped.append(schema.name)
-    await _forget_all(conn, dropped)
+    # The rows first: an erasure holding one (``registered(hold=True)``) is waited for, and
+    # one that comes later finds the row gone and skips the schema.
+    cursor = await conn.execute(
+        "DELETE FROM rebuild_schemas WHERE created_at + %s <= %s RETURNING schema_name",
+        (grace, now),
+    )
+    dropped = sorted(row[0] for row in await cursor.fetchall())
+    for name in dropped:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
     # Rows of schemas dropped by hand are forgotten too.
     await conn.execute(
         "DELETE FROM rebuild_schemas r WHERE NOT EXISTS"
         " (SELECT 1 FROM pg_namespace n WHERE n.nspname = r.schema_name)"
     )
     return dropped
-
-
-async def _forget_all(conn: Conn, schemas: Sequence[str]) -> None:
-    if schemas:
-        await conn.execute(
-            "DELETE FROM rebuild_schemas WHERE schema_name = ANY(%s)", (list(schemas),)
-        )

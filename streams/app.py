@@ -14,6 +14,8 @@ def build_app(settings: Settings, worker: str) -> faust.App:
     app = faust.App(
         settings.group_id(worker),
         broker=f"kafka://{settings.kafka_bootstrap}",
+        # TLS/SASL of faust's aiokafka clients: the same security as every other client.
+        broker_credentials=settings.kafka.faust_credentials(),
         # Agents take the raw bytes: the contract codec decodes them, so that a bad message
         # becomes a dead letter with a reason instead of a faust deserialisation crash.
         key_serializer="raw",

@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from mode import Service
 
-from streams.kafka import admin_config, consumer_config, producer_config
+from streams.kafka import KafkaTarget, admin_config, consumer_config, producer_config
 from streams.metrics import Metrics
 from streams.settings import Settings
 from topics.registry import MEMORY_CURRENT, entity_key
@@ -83,7 +83,7 @@ def compaction_bound_ms(
 class KafkaSegmentRoller:
     """The Kafka side: a topic's ``segment.ms``, each partition's newest record, markers."""
 
-    def __init__(self, bootstrap: str, timeout: float = 10.0) -> None:
+    def __init__(self, bootstrap: KafkaTarget, timeout: float = 10.0) -> None:
         self._admin = AdminClient(admin_config(bootstrap))
         self._producer = Producer(producer_config(bootstrap))
         # read_uncommitted: the physical log is what rolls, whatever a transaction left.
@@ -199,7 +199,7 @@ def segment_rollers(settings: Settings, metrics: Metrics) -> list[Service]:
     """The deletion worker's roll check of the compacted topics erasures write nulls to."""
     return [
         SegmentRoller(
-            KafkaSegmentRoller(settings.kafka_bootstrap),
+            KafkaSegmentRoller(settings.kafka),
             [settings.topics.name(MEMORY_CURRENT)],
             metrics,
             settings.compaction_roll_check_seconds,

@@ -28,6 +28,7 @@ from projections.deadletters import (
     PostgresLetterKeys,
     letter_keys,
 )
+from projections.sealing.crypto import MasterKeys
 from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify
 from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage
@@ -183,8 +184,10 @@ class DeadLetters:
         self._clock = clock
 
     @classmethod
-    def in_postgres(cls, master_key: bytes, pool: AsyncConnectionPool[Conn]) -> DeadLetters:
-        return cls(LetterSealer(master_key), PostgresLetterKeys(pool))
+    def in_postgres(
+        cls, master_keys: bytes | MasterKeys, pool: AsyncConnectionPool[Conn]
+    ) -> DeadLetters:
+        return cls(LetterSealer(master_keys), PostgresLetterKeys(pool))
 
     def of(
         self, message: InputMessage, code: DeadLetterReason, error: str, detail: str

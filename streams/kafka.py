@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -17,6 +18,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from projections.bookkeeping import OutboxMessage
+from streams.kafka_security import KafkaCluster
 from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
 
 
@@ -24,9 +26,23 @@ class PublishFailed(RuntimeError):
     pass
 
 
-def producer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
+# Where a client connects: the settings' ``KafkaCluster`` (``Settings.kafka``: bootstrap and
+# security), or a bare bootstrap string, which means PLAINTEXT (tests and the local demo).
+KafkaTarget = KafkaCluster | str
+
+
+def as_cluster(target: KafkaTarget) -> KafkaCluster:
+    return KafkaCluster(target) if isinstance(target, str) else target
+
+
+def client_config(target: KafkaTarget) -> dict[str, Any]:
+    """Bootstrap servers, security settings and the fatal-error callback of every client."""
+    return as_cluster(target).client_config()
+
+
+def producer_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, object]:
     config: dict[str, object] = {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         # Idempotence keeps per-partition order and drops broker-side duplicates on retry.
         "enable.idempotence": True,
         "acks": "all",
@@ -38,10 +54,10 @@ def producer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
     return config
 
 
-def consumer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
+def consumer_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, object]:
     """The configuration of every confluent-kafka Consumer memproj creates."""
     config: dict[str, object] = {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap),
         # Contract 1.1: an aborted transaction's events are never applied. librdkafka's
         # default is read_committed too; it is said here because the contract depends on it.
         "isolation.level": "read_committed",
@@ -50,11 +66,10 @@ def consumer_config(bootstrap: str, **overrides: object) -> dict[str, object]:
     return config
 
 
-def admin_config(
-    bootstrap: str, **overrides: str | int | float | bool
-) -> dict[str, str | int | float | bool]:
-    """The configuration of every confluent-kafka AdminClient memproj creates."""
-    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap}
+def admin_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, Any]:
+    """The configuration of every confluent-kafka AdminClient memproj creates (``Any``: its
+    type stubs allow no callback, but librdkafka takes ``error_cb`` from every client)."""
+    config = client_config(bootstrap)
     config.update(overrides)
     return config
 
@@ -62,7 +77,7 @@ def admin_config(
 class KafkaPublisher:
     """Publishes a batch and returns only once the broker has every message."""
 
-    def __init__(self, bootstrap: str, **overrides: object) -> None:
+    def __init__(self, bootstrap: KafkaTarget, **overrides: object) -> None:
         self._producer = Producer(producer_config(bootstrap, **overrides))
 
     def publish_sync(self, messages: Sequence[OutboxMessage], timeout: float = 30.0) -> None:
@@ -120,7 +135,7 @@ def config_changes(wanted: Mapping[str, str], current: Mapping[str, str | None])
 
 
 def create_topics(
-    bootstrap: str, names: TopicNames, specs: Iterable[TopicSpec], timeout: float = 30.0
+    bootstrap: KafkaTarget, names: TopicNames, specs: Iterable[TopicSpec], timeout: float = 30.0
 ) -> list[TopicCreation]:
     """Create every topic that does not exist yet, and bring the configs of those that do up
     to the registry (an incremental alter of only what differs, so that an upgrade gets new
@@ -203,7 +218,7 @@ def align_topic_configs(
     ]
 
 
-def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 60.0) -> None:
+def delete_topics(bootstrap: KafkaTarget, names: Sequence[str], timeout: float = 60.0) -> None:
     """Delete ``names`` and wait until the broker confirms: the requests of an AdminClient
     destroyed before they are sent are dropped, and the topics would stay."""
     if not names:

@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from streams.kafka import admin_config, consumer_config
+from streams.kafka import KafkaTarget, admin_config, consumer_config
 
 Position = tuple[str, int]  # (topic, partition)
 Probe = tuple[str, int, int]  # (topic, partition, offset)
@@ -86,7 +86,7 @@ def watermarks(
     return {position: (found["low"][position], found["end"][position]) for position in wanted}
 
 
-def probe_consumer(bootstrap: str) -> Consumer:
+def probe_consumer(bootstrap: KafkaTarget) -> Consumer:
     """A committed reader that never commits and reports reaching the end of a partition."""
     return Consumer(
         consumer_config(
@@ -105,7 +105,7 @@ def probe_consumer(bootstrap: str) -> Consumer:
 
 
 def first_visible(
-    bootstrap: str,
+    bootstrap: KafkaTarget,
     probes: Iterable[Probe],
     ends: Mapping[Position, int],
     timeout: float = 10.0,
@@ -176,7 +176,7 @@ def _probe_round(
 class LagCollector:
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: KafkaTarget,
         group_prefix: str,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         timeout: float = 10.0,

@@ -14,6 +14,10 @@ acknowledgement stay the same. For each batch the loop:
    visible to whatever supervises the process.
 
 A writer task applies batch N while the source gathers batch N + 1.
+
+At shutdown (``drain``) the loop takes no new batch: the batch being applied finishes
+(committed, published, acknowledged) or, past the deadline, is cancelled, which rolls its
+transaction back; a batch queued behind it was never started and is redelivered.
 """
 
 from __future__ import annotations
@@ -124,6 +128,9 @@ class BatchLoop:
         self._observer = observer
         self._stop = stop
         self._max_backoff = max_backoff_seconds
+        self._writer: asyncio.Task[None] | None = None
+        self._draining = False
+        self._applying = False
 
     async def apply(self, batch: Batch) -> None:
         """Apply every part of ``batch`` (transient failures retried until they pass)."""
@@ -147,9 +154,13 @@ class BatchLoop:
 
         async def apply_in_order() -> None:
             try:
-                while (batch := await pending.get()) is not None:
-                    await self.apply(batch)
-                    await source.ack(batch)
+                while not self._draining and (batch := await pending.get()) is not None:
+                    self._applying = True
+                    try:
+                        await self.apply(batch)
+                        await source.ack(batch)
+                    finally:
+                        self._applying = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -158,6 +169,7 @@ class BatchLoop:
                 raise
 
         writer = asyncio.create_task(apply_in_order(), name=f"{self.handler.name}-writer")
+        self._writer = writer
         try:
             async for batch in source.batches():
                 if not await self._hand_over(pending, batch, writer):
@@ -172,6 +184,25 @@ class BatchLoop:
         # stops (with two agents failing together, that restart hung the worker).
         if writer.done() and not writer.cancelled():
             writer.exception()  # retrieved: it was reported through ``stop``
+
+    async def drain(self, within_seconds: float) -> bool:
+        """Take no new batch; wait up to ``within_seconds`` for the batch being applied to be
+        committed, published and acknowledged. True if it was (or none was being applied);
+        False if it was cancelled at the deadline (its transaction rolls back, it is
+        redelivered)."""
+        self._draining = True
+        writer = self._writer
+        if writer is None or writer.done():
+            return True
+        abandoned = self._applying
+        if abandoned:
+            done, _ = await asyncio.wait((writer,), timeout=within_seconds)
+            if done:
+                return True
+            log.warning("%s: abandoning the batch in progress at shutdown", self.handler.name)
+        writer.cancel()  # idle (waiting for a batch) or past the deadline
+        await asyncio.wait((writer,))
+        return not abandoned
 
     @staticmethod
     async def _hand_over(

@@ -137,8 +137,11 @@ class LedgerMaintenance(Service):
 
     async def drop_expired_rebuilds(self) -> list[str]:
         """Rebuild shadows and retired tables are kept for the grace period only."""
+        now = self._clock()
         async with self._pool.connection() as conn, conn.transaction():
-            dropped = await rebuilds.drop_expired(conn, self._clock(), self._rebuild_grace)
+            dropped = await rebuilds.drop_expired(conn, now, self._rebuild_grace)
+        for store in self._stores:  # the copies stores keep outside PostgreSQL (vector tables)
+            dropped += await store.expire_copies(now, self._rebuild_grace)
         if dropped:
             log.warning("dropped rebuild schemas past their grace period: %s", dropped)
         return dropped

@@ -18,14 +18,14 @@ from confluent_kafka.admin import AdminClient
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn
-from streams.kafka import admin_config, consumer_config
+from streams.kafka import KafkaTarget, admin_config, consumer_config
 from streams.lag import first_visible, watermarks
 from topics.registry import SEALED_TOPICS, TopicNames, TopicSpec
 
 SEALED = {spec.base_name.removesuffix(".sealed"): spec for spec in SEALED_TOPICS}
 
 
-def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+def end_offsets(bootstrap: KafkaTarget, topic: str, timeout: float = 10.0) -> dict[int, int]:
     """The last stable offset of every partition of ``topic``: where a committed reader's
     partition ends (the high watermark, unless a transaction is open)."""
     admin = AdminClient(admin_config(bootstrap))
@@ -37,7 +37,7 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, 
 
 
 def committed_offsets(
-    bootstrap: str, group: str, topic: str, timeout: float = 10.0
+    bootstrap: KafkaTarget, group: str, topic: str, timeout: float = 10.0
 ) -> dict[int, int]:
     """The offsets a consumer group has committed on ``topic`` (partitions without one: 0)."""
     ends = end_offsets(bootstrap, topic, timeout)
@@ -61,7 +61,7 @@ class CommittedProgress:
     is not probed again until its tracked offset passes ``h``.
     """
 
-    def __init__(self, bootstrap: str, topic: str, ends: dict[int, int]) -> None:
+    def __init__(self, bootstrap: KafkaTarget, topic: str, ends: dict[int, int]) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.ends = ends
@@ -102,7 +102,7 @@ class CommittedProgress:
 
 async def wait_caught_up(
     conn: Conn,
-    bootstrap: str,
+    bootstrap: KafkaTarget,
     projection: str,
     topic: str,
     deadline_seconds: float = 120.0,
@@ -131,7 +131,7 @@ async def wait_caught_up(
 
 async def wait_pipeline(
     conn: Conn,
-    bootstrap: str,
+    bootstrap: KafkaTarget,
     topics: TopicNames,
     raw: TopicSpec,
     projection: str,

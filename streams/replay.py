@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import orjson
@@ -38,7 +38,6 @@ from projections.deadletters import LetterSealer, UnpublishedLetterKeys
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
 from projections.embeddings.vectors import VectorEntry, VectorStore
-from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
@@ -62,7 +61,7 @@ class ReplayStopped(RuntimeError):
 
 def _unpublished_letters(settings: Settings) -> DeadLetters:
     """A rebuild's dead letters: built as live, never published (``DiscardingPublisher``)."""
-    return DeadLetters(LetterSealer(parse_master_key(settings.master_key)), UnpublishedLetterKeys())
+    return DeadLetters(LetterSealer(settings.worker_master_keys()), UnpublishedLetterKeys())
 
 
 class DiscardingPublisher:
@@ -139,7 +138,7 @@ def reader(settings: Settings) -> Consumer:
     behind transaction markers or aborted messages (offsets it never receives) still ends."""
     return Consumer(
         consumer_config(
-            settings.kafka_bootstrap,
+            settings.kafka,
             **{
                 "group.id": f"memproj-replay-{uuid.uuid4().hex}",  # never commits: no group
                 "enable.auto.commit": False,
@@ -247,12 +246,14 @@ async def replay_projection(
     spec = shadows.SPECS[projection.name]
     stamp = time.strftime("%Y%m%d%H%M%S")
     shadow = f"replay_{projection.name}_{stamp}_{uuid.uuid4().hex[:6]}"
-    async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as live_conn:
+    async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as live_conn:
         live = await shadows.current_schema(live_conn)
         await shadows.create_shadow(live_conn, spec, live, shadow)
         await rebuilds.register(live_conn, shadow, spec.projection, "shadow")
         await live_conn.commit()
-        shadow_dsn = make_conninfo(settings.postgres_dsn, options=f"-csearch_path={shadow},{live}")
+        shadow_dsn = make_conninfo(
+            settings.postgres_conninfo, options=f"-csearch_path={shadow},{live}"
+        )
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
@@ -349,20 +350,20 @@ async def replay_embeddings(
     shadow table, through the same indexer and guard as the live worker; compare per tenant;
     swap by replacing the live table's content in one commit (old versions purged)."""
     from projections.embeddings.embedder import HashingEmbedder
-    from projections.embeddings.lance import drop_table
+    from projections.embeddings.lance import drop_table, replay_table_name
     from streams.agents.index import EmbeddingsIndexer
 
-    name = f"embeddings_replay_{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    name = replay_table_name(datetime.now(UTC))
     shadow = open_vector_store(settings, table=name)
     live = open_vector_store(settings)
-    pool = make_pool(settings.postgres_dsn, 2)
+    pool = make_pool(settings.postgres_conninfo, 2)
     await pool.open(wait=True)
     metrics = Metrics(CollectorRegistry())
     indexer = EmbeddingsIndexer(
         pool, shadow, HashingEmbedder(settings.embedding_dim), DiscardingPublisher(),
         settings.topics, metrics, asyncio.Lock(),
         # The records of conversation.messages are sealed: the erased ones stay shut.
-        KeyStore(parse_master_key(settings.master_key)),
+        KeyStore(settings.worker_master_keys()),
     )  # fmt: skip
     isolation = Isolation(
         CircuitBreaker("replay embeddings"), metrics, _unpublished_letters(settings)
@@ -413,6 +414,6 @@ def every_entry(store: VectorStore) -> list[VectorEntry]:
 
 
 def group_members(settings: Settings, group: str) -> list[str]:
-    admin = AdminClient(admin_config(settings.kafka_bootstrap))
+    admin = AdminClient(admin_config(settings.kafka))
     description = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
     return sorted(f"{m.client_id}@{m.host}" for m in description.members)

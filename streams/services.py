@@ -1,16 +1,27 @@
 """Long-lived resources of a worker as mode services, started before the Faust app and
-stopped after it: the PostgreSQL pool, the Kafka publisher and the /metrics endpoint."""
+stopped after it: the PostgreSQL pool, the Kafka publisher, the /metrics and probe endpoint;
+and the graceful shutdown that precedes faust's own stop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import faust
+import orjson
+import psycopg
 from mode import Service
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
@@ -19,14 +30,28 @@ from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
-from projections.sealing.crypto import parse_master_key
 from projections.sealing.probes import ProbeSealer
+from projections.stores.base import VectorShadows
 from streams.kafka import KafkaPublisher
+from streams.loop import BatchLoop, StopOnce
 from streams.metrics import Metrics
+from streams.probes import (
+    HEARTBEAT_INTERVAL_SECONDS,
+    DatabaseAnswer,
+    GroupMembership,
+    ShutdownBudget,
+    Verdict,
+    liveness,
+    needs_database_check,
+    readiness,
+)
 from streams.runner import ProjectionRunner
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# A shutdown that overran its bound (sysexits' EX_SOFTWARE).
+EXIT_SHUTDOWN_TIMEOUT = 70
 
 
 def open_vector_store(settings: Settings, table: str = "embeddings") -> VectorStore:
@@ -65,7 +90,13 @@ class StoreSupplies:
 
     @cached_property
     def probes(self) -> ProbeSealer:
-        return ProbeSealer(parse_master_key(self._settings.master_key))
+        return ProbeSealer(self._settings.worker_master_keys())
+
+    @cached_property
+    def vector_shadows(self) -> VectorShadows:
+        from projections.embeddings.lance import LanceShadows  # lancedb: see open_vector_store
+
+        return LanceShadows(self._settings.vector_store_path, self._settings.embedding_dim)
 
     @cached_property
     def vector_writes(self) -> asyncio.Lock:
@@ -119,27 +150,210 @@ class OutboxService(Service):
             log.info("%s: republished %d outbox messages", self.runner.projection.name, drained)
 
 
-class MetricsService(Service):
-    """Serves the injected registry on /metrics and refreshes gauges that age with time."""
+class WorkerState:
+    """What the probes report, written by the event loop and read by the probe server's
+    threads (single attribute reads and writes: atomic under the GIL)."""
 
-    def __init__(self, metrics: Metrics, host: str, port: int, **kwargs: Any) -> None:
+    def __init__(self, stop: StopOnce | None, in_group: bool) -> None:
+        self.stop = stop
+        self.membership: GroupMembership | None = GroupMembership() if in_group else None
+        self.stopping = False
+        self.heartbeat = time.monotonic()
+
+    def beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
+    # Receivers of faust's app signals: (app, partitions, signal=...).
+    def on_partitions_revoked(self, _app: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+        if self.membership is not None:
+            self.membership = self.membership.revoked()
+
+    def on_partitions_assigned(self, _app: Any, /, *args: Any, signal: Any, **_: Any) -> None:
+        (assigned,) = args
+        if self.membership is not None:
+            self.membership = self.membership.assigned_to(
+                (tp.topic, tp.partition) for tp in assigned
+            )
+
+
+class DatabaseProbe:
+    """``SELECT 1`` on a fresh connection (not the pool, which busy agents may hold), at most
+    once per ``DATABASE_CHECK_TTL_SECONDS``; concurrent probes share the last answer."""
+
+    def __init__(self, dsn: str, timeout_seconds: float) -> None:
+        self._dsn = dsn
+        # libpq takes whole seconds and treats less than 2 as 2.
+        self._connect_timeout = max(2, math.ceil(timeout_seconds))
+        self._checking = threading.Lock()
+        self._answer: DatabaseAnswer | None = None
+
+    def answer(self) -> DatabaseAnswer | None:
+        now = time.monotonic()
+        if needs_database_check(self._answer, now) and self._checking.acquire(blocking=False):
+            try:
+                self._answer = self._check(now)
+            finally:
+                self._checking.release()
+        return self._answer
+
+    def _check(self, now: float) -> DatabaseAnswer:
+        try:
+            with psycopg.connect(
+                self._dsn, connect_timeout=self._connect_timeout, autocommit=True
+            ) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            # The class only: the message names hosts, and the DSN must never be echoed.
+            return DatabaseAnswer(False, f"unreachable ({type(exc).__name__})", now)
+        return DatabaseAnswer(True, "SELECT 1 answered", now)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood the log."""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck request never holds up the process's exit
+
+
+class ProbeService(Service):
+    """Serves /metrics, /healthz and /readyz (``streams.probes``) from a thread, so that
+    /metrics and the liveness verdict answer even while the event loop is busy; the loop
+    ticks the heartbeat the liveness probe judges, and refreshes gauges that age with time.
+
+    The server keeps answering until the process exits (it is not stopped with the
+    services): during a shutdown /readyz says why it is not ready instead of refusing."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        host: str,
+        port: int,
+        worker_state: WorkerState,
+        database: DatabaseProbe,
+        stale_after_seconds: float,
+        **kwargs: Any,
+    ) -> None:
         self.metrics = metrics
         self.host = host
         self.port = port
-        self._server: Any = None
+        self.worker_state = worker_state
+        self.database = database
+        self.stale_after = stale_after_seconds
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._last_ready: bool | None = None
         super().__init__(**kwargs)
 
-    async def on_start(self) -> None:
-        if self.port:
-            self._server, _thread = start_http_server(
-                self.port, addr=self.host, registry=self.metrics.registry
-            )
-            log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+    def liveness(self) -> Verdict:
+        return liveness(time.monotonic() - self.worker_state.heartbeat, self.stale_after)
 
-    async def on_stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
+    def readiness(self) -> Verdict:
+        state = self.worker_state
+        failure = state.stop.failure if state.stop is not None else None
+        verdict = readiness(state.membership, self.database.answer(), state.stopping, failure)
+        if verdict.ok != self._last_ready:
+            self._last_ready = verdict.ok
+            log.info("readiness: %s %s", verdict.ok, orjson.dumps(verdict.body()).decode())
+        return verdict
+
+    def wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            verdict = self.liveness()
+        elif path == "/readyz":
+            verdict = self.readiness()
+        else:
+            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        body = orjson.dumps(verdict.body())
+        status = "200 OK" if verdict.ok else "503 Service Unavailable"
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        start_response(status, headers)
+        return [body]
+
+    async def on_start(self) -> None:
+        self.worker_state.beat()
+        if self.port:
+            server = make_server(
+                self.host, self.port, self.wsgi, _ThreadingServer, handler_class=_QuietHandler
+            )
+            threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
+            log.info(
+                "metrics and probes on http://%s:%d/{metrics,healthz,readyz}", self.host, self.port
+            )
+
+    @Service.timer(HEARTBEAT_INTERVAL_SECONDS)
+    async def _heartbeat(self) -> None:
+        self.worker_state.beat()
 
     @Service.timer(2.0)
     async def _refresh(self) -> None:
         self.metrics.update_staleness(datetime.now(UTC))
+
+
+class GracefulShutdown:
+    """The first step of a worker's stop (SIGTERM, or a failure that stops it), before faust
+    stops the consumer: not ready at once; every batch loop takes no new batch and finishes
+    (commit, publish, acknowledge) or abandons (rolls back) the batch in progress; the
+    acknowledged offsets are committed. Faust's stop then leaves the group. Past the whole
+    bound the process exits, whatever is still stopping."""
+
+    def __init__(
+        self,
+        state: WorkerState,
+        loops: Sequence[BatchLoop],
+        app: faust.App | None,
+        budget: ShutdownBudget,
+    ) -> None:
+        self.state = state
+        self.loops = loops
+        self.app = app
+        self.budget = budget
+
+    async def begin(self) -> None:
+        if self.state.stopping:
+            return
+        self.state.stopping = True
+        started = time.monotonic()
+        watchdog = threading.Timer(self.budget.total_seconds, self._exit_now)
+        watchdog.daemon = True
+        watchdog.start()
+        failure = self.state.stop.failure if self.state.stop is not None else None
+        cause = "a signal" if failure is None else type(failure).__name__
+        log.info("shutdown (%s): not ready; finishing the batches in progress", cause)
+        finished = await asyncio.gather(
+            *(each.drain(self.budget.drain_seconds) for each in self.loops)
+        )
+        abandoned = finished.count(False)
+        await self._commit_offsets()
+        log.info(
+            "shutdown: batches drained in %.1f s (%d abandoned and rolled back), offsets "
+            "committed; leaving the group",
+            time.monotonic() - started,
+            abandoned,
+        )
+
+    async def _commit_offsets(self) -> None:
+        membership = self.state.membership
+        if self.app is None or membership is None or membership.assigned is None:
+            return  # never consumed: nothing acknowledged
+        if self.state.stop is not None and self.state.stop.failure is not None:
+            return  # the crashed app is stopping its consumer, which commits what was acked
+        try:
+            await asyncio.wait_for(self.app.consumer.commit(), self.budget.reserve_seconds / 2)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("shutdown: offset commit cancelled by the consumer's stop")
+        except Exception as exc:  # faust commits again as its consumer stops
+            log.warning("shutdown: offset commit failed (%s)", type(exc).__name__)
+
+    def _exit_now(self) -> None:
+        log.critical(
+            "shutdown: still stopping after %.0f s (MEMPROJ_SHUTDOWN_TIMEOUT_SECONDS): exiting; "
+            "what was not acknowledged is redelivered",
+            self.budget.total_seconds,
+        )
+        logging.shutdown()
+        os._exit(EXIT_SHUTDOWN_TIMEOUT)

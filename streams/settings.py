@@ -7,21 +7,102 @@ time. The defaults match the local stack started by ``ops/stack up``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import Field
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
+from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
+from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings
 from topics.registry import TopicNames
 
+# -- secrets (issue 16) ---------------------------------------------------------------------
+
+# Published in this repository: it protects nothing, so only local development may use it.
+DEVELOPMENT_MASTER_KEY = "bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE="
+# The secret settings of this block, each also readable from the file <NAME>_FILE names.
+SECRET_FILE_SETTINGS = ("master_key", "master_keys", "postgres_password", "kafka_password")
+
+
+class DevelopmentKeyRefused(ValueError):
+    """The published development master key, outside local development."""
+
+
+def read_secret_file(setting: str, path: str | Path) -> str:
+    """A mounted secret: the file's text without one trailing newline (editors and
+    ``kubectl create secret --from-file`` add one)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(
+            f"MEMPROJ_{setting.upper()}_FILE={path}: cannot read it ({exc.strerror})"
+        ) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def split_dsn_password(dsn: str) -> tuple[str, str | None]:
+    """The DSN without its password, and the password (None: it has none). A URL stays a URL
+    (callers append ``?options=...`` to it); a ``key=value`` DSN is rebuilt without it."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        userinfo, at, host = parts.netloc.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        if not at or not colon:
+            return dsn, None
+        return urlunsplit(parts._replace(netloc=f"{user}@{host}")), unquote(password)
+    fields = conninfo_to_dict(dsn)
+    secret = fields.pop("password", None)
+    if secret is None:
+        return dsn, None
+    return make_conninfo(**{k: str(v) for k, v in fields.items()}), str(secret)
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MEMPROJ_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="MEMPROJ_",
+        frozen=True,
+        extra="ignore",
+        # A rejected value may be a secret: errors name the setting, never its value.
+        hide_input_in_errors=True,
+    )
 
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma separated)"
     )
+    # -- Kafka client security (issue 16): every client memproj builds uses it (``kafka``)
+    kafka_security_protocol: SecurityProtocol = Field(
+        SecurityProtocol.PLAINTEXT,
+        description="how clients connect to Kafka: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+    )
+    kafka_sasl_mechanism: SaslMechanism = Field(
+        SaslMechanism.SCRAM_SHA_512,
+        description="SASL mechanism (SASL_* protocols): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    )
+    kafka_username: str | None = Field(None, description="SASL username")
+    kafka_password: SecretStr | None = Field(
+        None, description="SASL password (never logged); or MEMPROJ_KAFKA_PASSWORD_FILE"
+    )
+    kafka_password_file: Path | None = Field(
+        None,
+        description="a file holding MEMPROJ_KAFKA_PASSWORD (a mounted secret)",
+    )
+    kafka_ca_file: Path | None = Field(
+        None,
+        description="PEM CA bundle that signs the brokers' certificates (SSL, SASL_SSL); "
+        "unset: the system's trusted CAs",
+    )
+    kafka_cert_file: Path | None = Field(
+        None, description="PEM client certificate for mutual TLS (with MEMPROJ_KAFKA_KEY_FILE)"
+    )
+    kafka_key_file: Path | None = Field(None, description="PEM private key of the certificate")
+    kafka_check_hostname: bool = Field(
+        True, description="verify that the broker's certificate names the host connected to"
+    )
+    # -- end of Kafka client security
     topic_prefix: str = Field("", description="prefix for every topic name, e.g. 'staging.'")
     group_prefix: str = Field(
         "memproj", description="prefix of consumer group ids (one group per worker)"
@@ -32,7 +113,9 @@ class Settings(BaseSettings):
     )
     postgres_dsn: str = Field(
         "postgresql://memproj:memproj@127.0.0.1:55432/memproj",
-        description="PostgreSQL connection string for projections and the ledger",
+        description="PostgreSQL connection string for projections and the ledger; a password "
+        "in it is moved to MEMPROJ_POSTGRES_PASSWORD at start (so this one is safe to show): "
+        "outside local development give it there, or in MEMPROJ_POSTGRES_PASSWORD_FILE",
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
     redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
@@ -112,17 +195,164 @@ class Settings(BaseSettings):
         description="port of the worker's /metrics endpoint; unset: the kind's own port "
         "(memory 9101), 0: disabled",
     )
-    log_level: str = Field("info", description="worker log level")
-    master_key: str = Field(
-        "bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE=",
-        description="base64 of the 32-byte key that wraps every data key (crypto-shredding). "
-        "The default is for local development only: set your own everywhere else",
+    # -- probes and shutdown (issue 16: /healthz, /readyz, graceful SIGTERM)
+    shutdown_timeout_seconds: float = Field(
+        30.0,
+        description="the most a worker's stop takes after SIGTERM: the batch in progress "
+        "finishes or is rolled back, offsets are committed and the group left; past it the "
+        "process exits (Kubernetes' terminationGracePeriodSeconds must be longer)",
     )
+    probe_stale_seconds: float = Field(
+        5.0,
+        description="/healthz fails when the event loop has not ticked its one-second "
+        "heartbeat for this long",
+    )
+    probe_database_timeout_seconds: float = Field(
+        2.0,
+        description="how long /readyz waits for PostgreSQL to answer SELECT 1 (whole "
+        "seconds, at least 2)",
+    )
+    # -- end of probes and shutdown
+    log_level: str = Field("info", description="worker log level")
+    # -- secrets and master keys (issue 16: SecretStr, *_FILE, rotation) -----------------------
+    environment: Literal["production", "local"] = Field(
+        "production",
+        description="'local' (development: ops/stack env, the demo, the tests) lets workers use "
+        "the published development master key; 'production' refuses it",
+    )
+    master_key: SecretStr = Field(
+        SecretStr(DEVELOPMENT_MASTER_KEY),
+        description="base64 of the 32-byte key that wraps every data key (crypto-shredding), "
+        "id 'default'. The default is the published development key, refused unless "
+        "MEMPROJ_ENVIRONMENT=local",
+    )
+    master_key_file: Path | None = Field(
+        None, description="a file holding MEMPROJ_MASTER_KEY (a mounted secret)"
+    )
+    master_keys: SecretStr | None = Field(
+        None,
+        description="several master keys for a rotation, newest first: 'id:base64' entries "
+        "separated by commas or newlines (e.g. 'k2:...,default:...'); the newest wraps new "
+        "keys, each opens what it wrapped. Replaces MEMPROJ_MASTER_KEY (set one of them)",
+    )
+    master_keys_file: Path | None = Field(
+        None, description="a file holding MEMPROJ_MASTER_KEYS (a mounted secret)"
+    )
+    postgres_password: SecretStr | None = Field(
+        None, description="the PostgreSQL password, merged into MEMPROJ_POSTGRES_DSN"
+    )
+    postgres_password_file: Path | None = Field(
+        None, description="a file holding MEMPROJ_POSTGRES_PASSWORD (a mounted secret)"
+    )
+    # -- end of secrets and master keys
     failpoint: str = Field(
         "",
         description="testing aid: '<projection>:after_commit' kills the worker (SIGKILL) right "
         "after that projection commits a batch and before it publishes the outbox",
     )
+
+    @property
+    def kafka(self) -> KafkaCluster:
+        """The one client configuration every Kafka client memproj builds starts from. Not
+        cached: ``model_copy(update=...)`` would copy a cached value along with the old
+        settings; callers take it once, when they build their clients."""
+        security = KafkaSecurity(
+            protocol=self.kafka_security_protocol,
+            mechanism=self.kafka_sasl_mechanism,
+            username=self.kafka_username,
+            password=self.kafka_password,
+            ca_file=self.kafka_ca_file,
+            cert_file=self.kafka_cert_file,
+            key_file=self.kafka_key_file,
+            check_hostname=self.kafka_check_hostname,
+        )
+        return KafkaCluster(self.kafka_bootstrap, security)
+
+    # -- secrets and master keys (issue 16) ---------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secrets(cls, data: Any) -> Any:
+        """Each ``<secret>_FILE`` read into its setting (and cleared: the value is the
+        setting, whatever its source); the DSN's password moved to its own secret."""
+        if not isinstance(data, dict):
+            return data
+        # An empty secret is an unset one (MEMPROJ_MASTER_KEY= in a shell or a manifest).
+        data = {k: v for k, v in data.items() if not (k in SECRET_FILE_SETTINGS and v == "")}
+        for name in SECRET_FILE_SETTINGS:
+            path = data.pop(f"{name}_file", None)
+            if path is None or path == "":
+                continue
+            if data.get(name) is not None:
+                upper = name.upper()
+                raise ValueError(f"set MEMPROJ_{upper} or MEMPROJ_{upper}_FILE, not both")
+            data[name] = read_secret_file(name, path)
+        if data.get("master_key") is not None and data.get("master_keys") is not None:
+            raise ValueError("set MEMPROJ_MASTER_KEY or MEMPROJ_MASTER_KEYS, not both")
+        given = "postgres_dsn" in data
+        dsn = data.get("postgres_dsn", cls.model_fields["postgres_dsn"].default)
+        if isinstance(dsn, str):
+            data["postgres_dsn"], password = split_dsn_password(dsn)
+            if password is not None:
+                if data.get("postgres_password") is None:
+                    data["postgres_password"] = password
+                elif given:
+                    raise ValueError(
+                        "MEMPROJ_POSTGRES_DSN holds a password and MEMPROJ_POSTGRES_PASSWORD is"
+                        " set: give it once"
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _check_master_keys(self) -> Settings:
+        _ = self.master_keyring  # a malformed key fails at start, naming the setting only
+        return self
+
+    @property
+    def master_keyring(self) -> MasterKeys:
+        """Every configured master key by id, newest first (MEMPROJ_MASTER_KEY alone: id
+        'default'). Not cached: ``model_copy(update=...)`` would copy a stale one."""
+        if self.master_keys is not None:
+            return parse_master_keys(self.master_keys)
+        return MasterKeys.single(parse_master_key(self.master_key))
+
+    @property
+    def uses_development_key(self) -> bool:
+        return parse_master_key(DEVELOPMENT_MASTER_KEY) in self.master_keyring
+
+    def worker_master_keys(self) -> MasterKeys:
+        """The master keys a worker or command may use: the published development key only in
+        local development."""
+        if self.uses_development_key and self.environment != "local":
+            raise DevelopmentKeyRefused(
+                "the master key is the published development key (MEMPROJ_MASTER_KEY unset?):"
+                " set your own (MEMPROJ_MASTER_KEY or MEMPROJ_MASTER_KEY_FILE), or"
+                " MEMPROJ_ENVIRONMENT=local for local development"
+            )
+        return self.master_keyring
+
+    @property
+    def postgres_conninfo(self) -> str:
+        """The connection string to connect with: the DSN and the password. Never print it."""
+        if self.postgres_password is None:
+            return self.postgres_dsn
+        return make_conninfo(self.postgres_dsn, password=self.postgres_password.get_secret_value())
+
+    def as_environment(self) -> dict[str, str]:
+        """The settings as a child process's ``MEMPROJ_*`` environment, secrets as their values
+        (the child needs them: never print it). A key list replaces the single key: the
+        single one is given empty (unset), whatever the parent's environment holds."""
+        environment = {
+            f"MEMPROJ_{name.upper()}": (
+                value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+            )
+            for name, value in self.model_dump().items()
+            if value is not None
+        }
+        if self.master_keys is not None:
+            environment["MEMPROJ_MASTER_KEY"] = ""
+        return environment
+
+    # -- end of secrets and master keys
 
     @property
     def topics(self) -> TopicNames:

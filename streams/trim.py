@@ -37,7 +37,7 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn, Position, load_offsets
-from streams.kafka import admin_config
+from streams.kafka import KafkaTarget, admin_config
 from streams.metrics import Metrics
 from streams.runner import Projection
 from streams.settings import Settings
@@ -101,7 +101,7 @@ class RecordDeleter(Protocol):
 class KafkaRecordDeleter:
     """DeleteRecords through one AdminClient."""
 
-    def __init__(self, bootstrap: str, timeout: float = 10.0) -> None:
+    def __init__(self, bootstrap: KafkaTarget, timeout: float = 10.0) -> None:
         self._admin = AdminClient(admin_config(bootstrap))
         self._timeout = timeout
 
@@ -217,7 +217,7 @@ def raw_input_trimmers(
     return [
         RawInputTrimmer(
             pool,
-            KafkaRecordDeleter(settings.kafka_bootstrap),
+            KafkaRecordDeleter(settings.kafka),
             sealer.name,
             [settings.topics.name(spec) for spec in sealer.input_specs],
             metrics,

@@ -24,7 +24,6 @@ from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
-from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
@@ -42,13 +41,17 @@ from streams.loop import BatchHandler, BatchLoop, StopOnce
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.monitoring import MonitorService
+from streams.probes import ShutdownBudget
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
+    DatabaseProbe,
     DatabaseService,
-    MetricsService,
+    GracefulShutdown,
     OutboxService,
+    ProbeService,
     PublisherService,
     StoreSupplies,
+    WorkerState,
     make_pool,
 )
 from streams.settings import Settings
@@ -76,6 +79,7 @@ class WorkerParts:
     app: faust.App | None  # None: a worker that consumes nothing (the monitor)
     services: list[Service]
     metrics: Metrics
+    shutdown: GracefulShutdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +92,43 @@ class Resources:
     services: list[Service]
     # Shared by the worker's agents: it stops once, with the first failure.
     stop: StopOnce
+    state: WorkerState
+    loops: list[BatchLoop]
+
+    def parts(self, metrics: Metrics, settings: Settings, services: list[Service]) -> WorkerParts:
+        budget = ShutdownBudget(settings.shutdown_timeout_seconds)
+        shutdown = GracefulShutdown(self.state, self.loops, self.app, budget)
+        return WorkerParts(self.app, services, metrics, shutdown)
+
+
+def probe_service(settings: Settings, metrics: Metrics, kind: str, state: WorkerState) -> Service:
+    """/metrics, /healthz and /readyz on the kind's metrics port."""
+    database = DatabaseProbe(settings.postgres_conninfo, settings.probe_database_timeout_seconds)
+    return ProbeService(
+        metrics,
+        settings.metrics_host,
+        metrics_port(settings, kind),
+        state,
+        database,
+        settings.probe_stale_seconds,
+    )
 
 
 def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
-    pool = make_pool(settings.postgres_dsn, settings.postgres_pool_size)
-    publisher = KafkaPublisher(settings.kafka_bootstrap)
+    pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
+    publisher = KafkaPublisher(settings.kafka)
+    app = build_app(settings, kind)
+    stop = StopOnce(app.crash)
+    state = WorkerState(stop, in_group=True)
+    app.on_partitions_revoked.connect(state.on_partitions_revoked)
+    app.on_partitions_assigned.connect(state.on_partitions_assigned)
     services: list[Service] = [
-        MetricsService(metrics, settings.metrics_host, metrics_port(settings, kind)),
+        # First: it starts before the others and stops after them (mode stops in reverse).
+        probe_service(settings, metrics, kind, state),
         DatabaseService(pool),
         PublisherService(publisher),
     ]
-    app = build_app(settings, kind)
-    return Resources(app, pool, publisher, services, StopOnce(app.crash))
+    return Resources(app, pool, publisher, services, stop, state, [])
 
 
 def add_agent(
@@ -111,9 +140,10 @@ def add_agent(
     handler: BatchHandler,
 ) -> None:
     """Every agent: the shared batch loop, with its own breaker, on ``topic_names``."""
-    dead_letters = DeadLetters.in_postgres(parse_master_key(settings.master_key), parts.pool)
+    dead_letters = DeadLetters.in_postgres(settings.worker_master_keys(), parts.pool)
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
+    parts.loops.append(loop)
     add_batch_agent(parts.app, agent_name, topic_names, loop)
 
 
@@ -143,15 +173,15 @@ def build_projection_worker(
         runner,
     )
     services = [*parts.services, OutboxService(runner), *extra_services(parts)]
-    return WorkerParts(parts.app, services, metrics)
+    return parts.parts(metrics, settings, services)
 
 
 def key_store(settings: Settings) -> KeyStore:
-    return KeyStore(parse_master_key(settings.master_key))
+    return KeyStore(settings.worker_master_keys())
 
 
 def probe_sealer(settings: Settings) -> ProbeSealer:
-    return ProbeSealer(parse_master_key(settings.master_key))
+    return ProbeSealer(settings.worker_master_keys())
 
 
 def build_sealer_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
@@ -240,7 +270,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> Work
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
     tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
     add_agent(settings, metrics, parts, handler.name, tombstones, handler)
-    return WorkerParts(parts.app, parts.services, metrics)
+    return parts.parts(metrics, settings, parts.services)
 
 
 def feed_embeddings(
@@ -280,21 +310,23 @@ STORE_FEEDS: dict[str, Callable[[Settings, Metrics, Resources, StoreSupplies], N
 
 def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """Consumer lag of every memproj group and the ghost audit of every derived store."""
-    pool = make_pool(settings.postgres_dsn, settings.postgres_pool_size)
+    pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
     monitor = MonitorService(
-        LagCollector(settings.kafka_bootstrap, settings.group_prefix),
+        LagCollector(settings.kafka, settings.group_prefix),
         pool,
         open_all(StoreSupplies(settings, pool)),
         metrics,
         timedelta(seconds=settings.monitor_interval_seconds),
         timedelta(seconds=settings.audit_interval_seconds),
     )
+    state = WorkerState(None, in_group=False)
     services: list[Service] = [
-        MetricsService(metrics, settings.metrics_host, metrics_port(settings, "monitor")),
+        probe_service(settings, metrics, "monitor", state),
         DatabaseService(pool),
         monitor,
     ]
-    return WorkerParts(None, services, metrics)
+    budget = ShutdownBudget(settings.shutdown_timeout_seconds)
+    return WorkerParts(None, services, metrics, GracefulShutdown(state, [], None, budget))
 
 
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
@@ -307,13 +339,44 @@ WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
 }
 
 
+class GracefulWorker(mode.Worker):
+    """mode's worker (SIGTERM and SIGINT stop it) whose stop begins with the graceful
+    shutdown, before any service or the faust app stops."""
+
+    def __init__(self, *services: Service, shutdown: GracefulShutdown, **kwargs: Any) -> None:
+        self.graceful = shutdown
+        super().__init__(*services, **kwargs)
+
+    async def on_stop(self) -> None:
+        await self.graceful.begin()
+        await super().on_stop()
+
+
+class GracefulFaustWorker(faust.Worker):
+    """faust's worker, likewise: batches drained and offsets committed before faust stops
+    the consumer and leaves the group."""
+
+    def __init__(
+        self, app: faust.App, *services: Service, shutdown: GracefulShutdown, **kwargs: Any
+    ) -> None:
+        self.graceful = shutdown
+        super().__init__(app, *services, **kwargs)
+
+    async def on_stop(self) -> None:
+        await self.graceful.begin()
+        await super().on_stop()
+
+
 def build_worker(settings: Settings, kind: str) -> mode.Worker:
+    settings.worker_master_keys()  # refuses the development key outside local development
+    # A wrong password, an untrusted certificate or a group it may not use ends it here.
+    settings.kafka.check_connection(group=None if kind == "monitor" else settings.group_id(kind))
     parts = WORKER_KINDS[kind](settings, Metrics(CollectorRegistry()))
+    options: dict[str, Any] = {
+        "shutdown": parts.shutdown,
+        "loglevel": settings.log_level,
+        "redirect_stdouts": False,
+    }
     if parts.app is None:
-        return mode.Worker(*parts.services, loglevel=settings.log_level, redirect_stdouts=False)
-    return faust.Worker(
-        parts.app,
-        *parts.services,
-        loglevel=settings.log_level,
-        redirect_stdouts=False,
-    )
+        return GracefulWorker(*parts.services, **options)
+    return GracefulFaustWorker(parts.app, *parts.services, **options)

@@ -113,6 +113,11 @@ class WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    def sigterm(self) -> None:
+        """SIGTERM, as Kubernetes stops a pod: the worker drains, commits and leaves."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
@@ -131,11 +136,8 @@ class WorkerProcess:
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
-    return {
-        f"MEMPROJ_{name.upper()}": str(value)
-        for name, value in settings.model_dump().items()
-        if value is not None
-    }
+    """The settings as a worker's environment (secrets as their values: a worker needs them)."""
+    return settings.as_environment()
 
 
 @dataclass
@@ -299,6 +301,8 @@ def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Setti
             "cache_namespace": f"memproj-{name}",
             "deletion_check_interval_seconds": 0.2,
             "deletion_redelivery_seconds": 1.0,
+            # The tests use the published development master key (issue 16).
+            "environment": "local",
         }
     )
     return settings, schema

@@ -50,9 +50,7 @@ class Workers:
         self.log_path = log_path
         self.kinds = ["sealer"] + ["memory"] * memory_workers  # memory reads the sealed log
         environment = dict(os.environ)
-        environment.update(
-            {f"MEMPROJ_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
-        )
+        environment.update(settings.as_environment())
         self.processes: list[subprocess.Popen[bytes]] = []
         for number, kind in enumerate(self.kinds):
             with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:

@@ -19,7 +19,6 @@ from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
-from projections.sealing.fields import EntityRef
 from projections.sealing.keys import KeyStore, shred_refused
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
@@ -55,9 +54,6 @@ class ConversationProjection:
         self._observer = observer
         self._messages_topic = topics.name(CONVERSATION_MESSAGES)
         self._keys = keys
-        # The data keys of the conversations whose messages the current part publishes, read
-        # by ``save`` in the part's transaction for ``outputs`` (like the codec's keys).
-        self._message_keys: dict[EntityRef, bytes] = {}
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -89,7 +85,7 @@ class ConversationProjection:
         # After the shredding: a key this part destroys never seals anything. A message this
         # part applies is not erased, so its conversation has a key (or, when the part shreds
         # an older key of it, gets a fresh one for what is new after the deletion).
-        self._message_keys = await self._keys.keys(
+        outcome.message_keys = await self._keys.keys(
             conn, {entity_of_message(m) for m in outcome.messages}, create=True
         )
 
@@ -100,7 +96,7 @@ class ConversationProjection:
             OutboxMessage(
                 self._messages_topic,
                 entity_key(message.tenant_id, message.conversation_id).encode(),
-                encode_record(message, self._message_keys[entity_of_message(message)]),
+                encode_record(message, outcome.message_keys[entity_of_message(message)]),
             )
             for message in outcome.messages
         ]

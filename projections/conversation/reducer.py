@@ -302,6 +302,9 @@ class BatchResult:
     # Conversations refused as erased, by the deletion that covers them: a conversation the
     # deletion did not know yet may have got a data key from the sealer since.
     keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Filled by the projection's save, in the batch's transaction: the data keys that seal
+    # the new messages' records on conversation.messages (its outputs read them from here).
+    message_keys: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
         return self.applied

@@ -10,9 +10,10 @@ lancedb takes about a second to import, so modules that only read the port impor
 from __future__ import annotations
 
 import contextlib
+import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -355,3 +356,48 @@ def _entry(row: Mapping[str, Any]) -> VectorEntry:
 def drop_table(path: Path, table: str) -> None:
     with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
         lancedb.connect(path).drop_table(table)
+
+
+# The tables ``memproj replay embeddings`` rebuilds into, beside the live one: named
+# ``embeddings_replay_<%Y%m%d%H%M%S>_<hex>`` so that their age can be read from the name.
+REPLAY_PREFIX = "embeddings_replay_"
+
+
+def replay_table_name(now: datetime) -> str:
+    return f"{REPLAY_PREFIX}{now.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
+
+
+def replay_tables(path: Path) -> dict[str, datetime]:
+    """The rebuild tables still in the store (a rebuild that was killed leaves its own), with
+    when each was created."""
+    database = lancedb.connect(path)
+    found: dict[str, datetime] = {}
+    token: str | None = None
+    while True:
+        page = database.list_tables(page_token=token)
+        for name in page.tables:
+            if name.startswith(REPLAY_PREFIX):
+                stamp = name.removeprefix(REPLAY_PREFIX).split("_", 1)[0]
+                with contextlib.suppress(ValueError):
+                    found[name] = datetime.strptime(stamp, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
+        token = page.page_token
+        if not token:
+            return found
+
+
+class LanceShadows:
+    """The rebuild tables beside the live store: an erasure reaches them too, and they are
+    dropped once older than the rebuild grace period (``projections.stores.embeddings``)."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        self._path = path
+        self._dim = dim
+
+    def tables(self) -> dict[str, datetime]:
+        return replay_tables(self._path) if self._path.exists() else {}
+
+    def open(self, name: str) -> LanceVectorStore:
+        return LanceVectorStore(self._path, self._dim, table=name)
+
+    def drop(self, name: str) -> None:
+        drop_table(self._path, name)

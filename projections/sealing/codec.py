@@ -30,6 +30,7 @@ class SealedCodec:
         self._keys: dict[EntityRef, bytes] = {}
         # The batch's values as parsed to find their keys, so that decoding parses none again.
         self._parsed: dict[bytes, Any] = {}
+        self._rekeyed: set[EntityRef] = set()
 
     async def load_keys(self, conn: Conn, values: Iterable[bytes | None]) -> None:
         """The data keys of a batch, read in the batch's transaction: a key destroyed by a
@@ -47,6 +48,9 @@ class SealedCodec:
             if ref is not None:
                 refs.append(ref)
         self._keys = await self._keystore.keys(conn, refs)
+        # Entities that have a key again after an erasure destroyed their first: what was
+        # sealed under the destroyed key is shredded, though the new key does not open it.
+        self._rekeyed = await self._keystore.rekeyed(conn, [r for r in refs if r in self._keys])
 
     def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> Envelope:
         """``topic`` is not needed: a projection reads one sealed topic, and its codec accepts
@@ -65,8 +69,22 @@ class SealedCodec:
         try:
             return self._inner.decode(key, orjson.dumps(unseal(raw, self._keys.get)))
         except Shredded:
-            # A deletion destroyed the key: the event keeps its identity (for the erasure
-            # guard and idempotency) and is marked so that nothing ever applies it.
-            return self._inner.decode(key, orjson.dumps(with_placeholders(raw))).unreadable_copy()
-        except (Unreadable, KeyError, TypeError) as exc:
+            return self._shredded(key, raw)
+        except Unreadable as exc:
+            if self._rekeyed and _entity(raw) in self._rekeyed:
+                return self._shredded(key, raw)
             raise InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)) from exc
+        except (KeyError, TypeError) as exc:
+            raise InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)) from exc
+
+    def _shredded(self, key: bytes | None, raw: dict[str, Any]) -> Envelope:
+        """A deletion destroyed the key: the event keeps its identity (for the erasure guard
+        and idempotency) and is marked so that nothing ever applies it."""
+        return self._inner.decode(key, orjson.dumps(with_placeholders(raw))).unreadable_copy()
+
+
+def _entity(raw: dict[str, Any]) -> EntityRef | None:
+    try:
+        return entity_of(raw)
+    except (KeyError, TypeError):
+        return None

@@ -7,12 +7,18 @@ sealed event, or only its event id for the first format) is decided in ``fields`
 
 Keys for new purposes are derived from the master key with HKDF-SHA256, one per purpose
 (``derive_key``): the master key itself then encrypts nothing new but format-1 wrapped keys.
+
+Several master keys can be configured (``MasterKeys``, newest first): the newest wraps every new
+key, each of them unwraps what it wrapped, named by its id, until a rotation has re-wrapped it.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -20,6 +26,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from pydantic import SecretStr
 
 NONCE_BYTES = 12
 KEY_BYTES = 32
@@ -87,11 +94,103 @@ def open_fields(data_key: bytes, sealed: str, associated: str | bytes) -> dict[s
     return fields
 
 
-def parse_master_key(text: str) -> bytes:
+def parse_master_key(text: str | SecretStr, setting: str = "MEMPROJ_MASTER_KEY") -> bytes:
+    """A master key from its base64; the errors name the setting, never the value."""
+    if isinstance(text, SecretStr):
+        text = text.get_secret_value()
     try:
-        key = base64.b64decode(text, validate=True)
-    except ValueError as exc:
-        raise ValueError("MEMPROJ_MASTER_KEY must be base64") from exc
+        key = base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        raise ValueError(f"{setting} must be base64") from None
     if len(key) != KEY_BYTES:
-        raise ValueError(f"MEMPROJ_MASTER_KEY must be {KEY_BYTES} bytes, base64-encoded")
+        raise ValueError(f"{setting} must be {KEY_BYTES} bytes, base64-encoded")
     return key
+
+
+# -- several master keys (rotation) -----------------------------------------------------------
+
+# The id of the key given alone (MEMPROJ_MASTER_KEY), and of every key wrapped before key ids.
+DEFAULT_MASTER_KEY_ID = "default"
+_KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class UnknownMasterKey(ValueError):
+    """A key was wrapped by a master key that is not configured (any more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MasterKeys:
+    """The configured master keys by id, newest first: the newest wraps, each unwraps what it
+    wrapped. Its repr names the ids only."""
+
+    by_id: tuple[tuple[str, bytes], ...]
+
+    def __post_init__(self) -> None:
+        if not self.by_id:
+            raise ValueError("no master key configured")
+        ids = [key_id for key_id, _ in self.by_id]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"master key ids must be distinct: {', '.join(ids)}")
+        for key_id, key in self.by_id:
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"master key id {key_id!r}: 1-64 letters, digits, '_', '.', '-' (first a"
+                    " letter or digit)"
+                )
+            if len(key) != KEY_BYTES:
+                raise ValueError(f"master key {key_id!r} must be {KEY_BYTES} bytes")
+
+    @classmethod
+    def single(cls, key: bytes, key_id: str = DEFAULT_MASTER_KEY_ID) -> MasterKeys:
+        return cls(((key_id, key),))
+
+    @property
+    def newest_id(self) -> str:
+        return self.by_id[0][0]
+
+    @property
+    def ids(self) -> list[str]:
+        return [key_id for key_id, _ in self.by_id]
+
+    def key(self, key_id: str) -> bytes:
+        for known, key in self.by_id:
+            if known == key_id:
+                return key
+        raise UnknownMasterKey(
+            f"wrapped by master key {key_id!r}, which is not configured (configured:"
+            f" {', '.join(self.ids)}); keep it in MEMPROJ_MASTER_KEYS until `memproj keys"
+            " rotate` reports nothing left under it"
+        )
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        return iter(self.by_id)
+
+    def __contains__(self, key: object) -> bool:
+        return any(key == known for _, known in self.by_id)
+
+    def __repr__(self) -> str:
+        return f"MasterKeys(ids={self.ids})"
+
+    __str__ = __repr__
+
+
+def as_master_keys(master: bytes | MasterKeys) -> MasterKeys:
+    """A single key (bytes) is the ring of one key with the default id."""
+    return master if isinstance(master, MasterKeys) else MasterKeys.single(master)
+
+
+def parse_master_keys(text: str | SecretStr, setting: str = "MEMPROJ_MASTER_KEYS") -> MasterKeys:
+    """``id:base64`` entries separated by commas or whitespace (a mounted file may hold one a
+    line), newest first."""
+    if isinstance(text, SecretStr):
+        text = text.get_secret_value()
+    entries = [entry for entry in re.split(r"[,\s]+", text) if entry]
+    if not entries:
+        raise ValueError(f"{setting} names no key")
+    keys = []
+    for number, entry in enumerate(entries, 1):
+        key_id, colon, encoded = entry.partition(":")
+        if not colon:
+            raise ValueError(f"{setting}: entry {number} is not id:base64")
+        keys.append((key_id, parse_master_key(encoded, f"{setting} key {key_id!r}")))
+    return MasterKeys(tuple(keys))

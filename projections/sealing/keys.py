@@ -8,16 +8,25 @@
 - 2 (every key created since): AES-GCM under a key derived from the master key for this
   purpose only, associated data the JSON array ``["entity_key", 2, tenant, type, id]``.
 
-A master-key rotation (issue 16) adds a key id per row and a format whose associated data
-names it; it re-wraps format-1 keys on the way.
+``entity_keys.master_key_id`` (migration 011) names the master key that wrapped it (rows
+before it: ``default``, the id of ``MEMPROJ_MASTER_KEY``). The newest configured master key
+wraps every new key; ``rewrap_batch`` re-wraps the others under it, in the current format, so
+that after a rotation the older master keys can be removed. The id is a lookup hint, not
+authenticated: a row labelled with another key's id does not open (AES-GCM), and keeping the
+format's associated data as it is lets a worker of the previous release read every key wrapped
+by the key it knows during an upgrade.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from projections.bookkeeping import Conn, keyset, keyset_param
 from projections.sealing.crypto import (
+    DEFAULT_MASTER_KEY_ID,
+    MasterKeys,
+    as_master_keys,
     derive_key,
     encode_associated,
     new_data_key,
@@ -39,16 +48,40 @@ def wrap_associated(ref: EntityRef, wrap_format: int) -> bytes:
 
 
 class KeyStore:
-    def __init__(self, master_key: bytes) -> None:
-        self._wrapping = {1: master_key, 2: derive_key(master_key, _WRAPPING_PURPOSE)}
+    def __init__(self, master_keys: bytes | MasterKeys) -> None:
+        self.master_keys = as_master_keys(master_keys)
+        self._wrapping = {
+            key_id: {1: key, 2: derive_key(key, _WRAPPING_PURPOSE)}
+            for key_id, key in self.master_keys
+        }
+
+    @property
+    def key_id(self) -> str:
+        """The id of the master key that wraps new keys: the newest."""
+        return self.master_keys.newest_id
 
     def wrap(self, ref: EntityRef, data_key: bytes, wrap_format: int = WRAP_FORMAT) -> bytes:
-        return wrap_key(self._wrapping[wrap_format], data_key, wrap_associated(ref, wrap_format))
+        """``data_key`` wrapped by the newest master key."""
+        wrapping = self._wrapping[self.key_id][wrap_format]
+        return wrap_key(wrapping, data_key, wrap_associated(ref, wrap_format))
 
-    def unwrap(self, ref: EntityRef, wrapped: bytes, wrap_format: int) -> bytes:
-        if wrap_format not in self._wrapping:
+    def unwrap(
+        self,
+        ref: EntityRef,
+        wrapped: bytes,
+        wrap_format: int,
+        master_key_id: str = DEFAULT_MASTER_KEY_ID,
+    ) -> bytes:
+        if wrap_format not in (1, 2):
             raise ValueError(f"unknown key wrap format {wrap_format} of {entity_name(ref)}")
-        return unwrap_key(self._wrapping[wrap_format], wrapped, wrap_associated(ref, wrap_format))
+        self.master_keys.key(master_key_id)  # names a missing key clearly
+        wrapping = self._wrapping[master_key_id][wrap_format]
+        return unwrap_key(wrapping, wrapped, wrap_associated(ref, wrap_format))
+
+    async def rekeyed(self, conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:
+        """Of ``refs`` (entities that have a key), those whose earlier key an erasure
+        destroyed: see ``ever_shredded``."""
+        return await ever_shredded(conn, refs)
 
     async def keys(
         self, conn: Conn, refs: Iterable[EntityRef], *, create: bool = False
@@ -62,13 +95,14 @@ class KeyStore:
             fresh = {ref: new_data_key() for ref in missing}
             cursor = await conn.execute(
                 "INSERT INTO entity_keys"
-                " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format)"
+                " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id)"
                 " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex'),"
-                " %s::smallint"
+                " %s::smallint, %s"
                 f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
                 " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
                 (
                     WRAP_FORMAT,
+                    self.key_id,
                     keyset_param((*ref, self.wrap(ref, key).hex()) for ref, key in fresh.items()),
                 ),
             )
@@ -83,16 +117,65 @@ class KeyStore:
         if not refs:
             return {}
         cursor = await conn.execute(
-            "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format FROM entity_keys"
-            f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
+            "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
+            f" FROM entity_keys JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
             " USING (tenant_id, entity_type, entity_id)",
             (keyset_param(refs),),
         )
         found = {}
-        for tenant, entity_type, entity_id, wrapped, wrap_format in await cursor.fetchall():
+        for tenant, entity_type, entity_id, wrapped, wrap_format, key_id in await cursor.fetchall():
             ref = (tenant, entity_type, entity_id)
-            found[ref] = self.unwrap(ref, bytes(wrapped), wrap_format)
+            found[ref] = self.unwrap(ref, bytes(wrapped), wrap_format, key_id)
         return found
+
+
+# -- rotation -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrapped:
+    """One batch of a rotation: how many keys it re-wrapped, and the master keys they left."""
+
+    count: int
+    from_keys: dict[str, int]
+
+
+async def rewrap_batch(conn: Conn, store: KeyStore, limit: int) -> Rewrapped:
+    """Re-wrap up to ``limit`` data keys not wrapped by the newest master key in the current
+    format, in the caller's transaction. Rows another transaction holds are skipped (SKIP
+    LOCKED) and found by a later batch; a key shredded meanwhile is not there to update, so a
+    rotation never brings one back (it only updates rows, never inserts)."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
+        " FROM entity_keys WHERE master_key_id <> %s OR wrap_format <> %s"
+        " ORDER BY tenant_id, entity_type, entity_id LIMIT %s FOR UPDATE SKIP LOCKED",
+        (store.key_id, WRAP_FORMAT, limit),
+    )
+    rows = []
+    from_keys: dict[str, int] = {}
+    for tenant, entity_type, entity_id, wrapped, wrap_format, key_id in await cursor.fetchall():
+        ref = (tenant, entity_type, entity_id)
+        data_key = store.unwrap(ref, bytes(wrapped), wrap_format, key_id)
+        rows.append((store.wrap(ref, data_key), WRAP_FORMAT, store.key_id, *ref))
+        from_keys[key_id] = from_keys.get(key_id, 0) + 1
+    if rows:
+        async with conn.cursor() as update:
+            await update.executemany(
+                "UPDATE entity_keys SET wrapped_key = %s, wrap_format = %s, master_key_id = %s"
+                " WHERE tenant_id = %s AND entity_type = %s AND entity_id = %s",
+                rows,
+            )
+    return Rewrapped(len(rows), from_keys)
+
+
+async def count_not_newest(conn: Conn, store: KeyStore) -> dict[str, int]:
+    """Data keys per master key id other than the newest's (or in an older format)."""
+    cursor = await conn.execute(
+        "SELECT master_key_id, count(*) FROM entity_keys"
+        " WHERE master_key_id <> %s OR wrap_format <> %s GROUP BY master_key_id",
+        (store.key_id, WRAP_FORMAT),
+    )
+    return {key_id: count for key_id, count in await cursor.fetchall()}
 
 
 async def shred_refused(
@@ -126,3 +209,19 @@ async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
         (deletion_id, keys_param),
     )
     return cursor.rowcount
+
+
+async def ever_shredded(conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:
+    """Which of ``refs`` had a key destroyed by a deletion. An entity that has data again
+    after its erasure has a new key; what was sealed under the destroyed one does not open
+    with it, and is shredded, not tampered."""
+    wanted = sorted(set(refs))
+    if not wanted:
+        return set()
+    cursor = await conn.execute(
+        "SELECT DISTINCT tenant_id, entity_type, entity_id FROM shredded_keys"
+        f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
+        " USING (tenant_id, entity_type, entity_id)",
+        (keyset_param(wanted),),
+    )
+    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}

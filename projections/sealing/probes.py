@@ -6,6 +6,11 @@ a guess and compare. A probe is therefore stored sealed, AES-GCM under a key der
 master key for this purpose only, bound to its tenant, deletion and item (a sealed probe moved
 to another row does not open). Only a holder of the master key (the deletion worker) can open
 it, to search with it.
+
+Probes live until their deletion is verified or its deadline passes, so they carry no master-key
+id: the newest configured master key seals, and opening tries each configured key, newest
+first (a wrong key fails its tag at once). A rotation re-seals them under the newest
+(``reseal``), so that the older keys can be removed.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import struct
 from collections.abc import Sequence
 
 from projections.sealing.crypto import (
+    MasterKeys,
     Unreadable,
+    as_master_keys,
     derive_key,
     encode_associated,
     open_bytes,
@@ -26,8 +33,11 @@ _FLOAT = struct.Struct("<f")
 
 
 class ProbeSealer:
-    def __init__(self, master_key: bytes) -> None:
-        self._key = derive_key(master_key, _PURPOSE)
+    def __init__(self, master_keys: bytes | MasterKeys) -> None:
+        ring = as_master_keys(master_keys)
+        # Newest first: the first seals, each opens.
+        self._keys = [derive_key(key, _PURPOSE) for _, key in ring]
+        self._key = self._keys[0]
 
     def seal(
         self,
@@ -44,12 +54,27 @@ class ProbeSealer:
     def open(
         self, tenant_id: str, deletion_id: str, item_type: str, item_id: str, sealed: bytes
     ) -> list[float]:
-        plain = open_bytes(
-            self._key, sealed, _associated(tenant_id, deletion_id, item_type, item_id)
-        )
+        plain = self._open(_associated(tenant_id, deletion_id, item_type, item_id), sealed)[1]
         if len(plain) % _FLOAT.size:
             raise Unreadable("a sealed probe is not a float32 vector")
         return list(struct.unpack(f"<{len(plain) // _FLOAT.size}f", plain))
+
+    def reseal(
+        self, tenant_id: str, deletion_id: str, item_type: str, item_id: str, sealed: bytes
+    ) -> bytes | None:
+        """The probe sealed under the newest key, or None when it already is (``Unreadable``
+        when no configured key opens it)."""
+        associated = _associated(tenant_id, deletion_id, item_type, item_id)
+        position, plain = self._open(associated, sealed)
+        return None if position == 0 else seal_bytes(self._key, plain, associated)
+
+    def _open(self, associated: bytes, sealed: bytes) -> tuple[int, bytes]:
+        for position, key in enumerate(self._keys):
+            try:
+                return position, open_bytes(key, sealed, associated)
+            except Unreadable:
+                continue
+        raise Unreadable("cannot open the probe with any configured master key")
 
 
 def _associated(tenant_id: str, deletion_id: str, item_type: str, item_id: str) -> bytes:

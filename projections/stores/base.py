@@ -15,6 +15,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import ClassVar, Protocol
 
 from psycopg_pool import AsyncConnectionPool
@@ -37,6 +38,16 @@ class Erased:
     reachable: list[str]
 
 
+class VectorShadows(Protocol):
+    def tables(self) -> Mapping[str, datetime]:
+        """Every rebuild table, with when it was created."""
+        ...
+
+    def open(self, name: str) -> VectorStore: ...
+
+    def drop(self, name: str) -> None: ...
+
+
 class StoreResources(Protocol):
     """What stores are opened from; a worker opens only what its stores use."""
 
@@ -52,6 +63,11 @@ class StoreResources(Protocol):
     @property
     def probes(self) -> ProbeSealer:
         """Opens the verification probe's sealed vectors."""
+        ...
+
+    @property
+    def vector_shadows(self) -> VectorShadows:
+        """The vector tables rebuilds write beside the live one."""
         ...
 
     @property
@@ -81,6 +97,11 @@ class DerivedStore(ABC):
     @abstractmethod
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
         """For the verification probe: what of the erased target a reader can still get."""
+
+    async def expire_copies(self, now: datetime, grace: timedelta) -> list[str]:
+        """Drop the copies the store keeps for rebuilds once older than ``grace``; their
+        names. Most stores keep none."""
+        return []
 
     @abstractmethod
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
 from projections.deletion import store as deletion_store
@@ -12,7 +13,7 @@ from projections.deletion.derived import erased_by, match_of
 from projections.deletion.erasure import ErasureIndex
 from projections.embeddings.vectors import Match, VectorEntry, VectorStore, memory_entry_id
 from projections.sealing.probes import ProbeSealer
-from projections.stores.base import DerivedStore, Erased, StoreResources
+from projections.stores.base import DerivedStore, Erased, StoreResources, VectorShadows
 from topics.deletion import Tombstone
 
 
@@ -28,30 +29,55 @@ class EmbeddingsStore(DerivedStore):
     metrics_port = 9104
     deletion_slo_seconds = 900
 
-    def __init__(self, vectors: VectorStore, writes: asyncio.Lock, probes: ProbeSealer) -> None:
+    def __init__(
+        self,
+        vectors: VectorStore,
+        writes: asyncio.Lock,
+        probes: ProbeSealer,
+        shadows: VectorShadows | None = None,
+    ) -> None:
         self._vectors = vectors
         self._writes = writes
         self._probes = probes
+        self._shadows = shadows
 
     @classmethod
     def open(cls, resources: StoreResources) -> EmbeddingsStore:
-        return cls(resources.vectors, resources.vector_writes, resources.probes)
+        return cls(
+            resources.vectors, resources.vector_writes, resources.probes, resources.vector_shadows
+        )
+
+    def _tables(self) -> list[tuple[str, VectorStore]]:
+        """The live table, then every rebuild table beside it (a rebuild that was killed
+        leaves its own: until it is dropped, erasures reach it too)."""
+        shadows = self._shadows
+        names = sorted(shadows.tables()) if shadows is not None else []
+        return [("", self._vectors)] + [(f"{n}:", shadows.open(n)) for n in names if shadows]
 
     async def erase(self, tombstone: Tombstone) -> Erased:
         match = match_of(tombstone)
+        removed, left = 0, []
         async with self._writes:
-            found = await asyncio.to_thread(self._vectors.find, match)
-            doomed = tuple(entry.id for entry in erased_by(tombstone, found))
-            removed = await asyncio.to_thread(
-                self._vectors.remove, Match(tombstone.tenant_id, entry_ids=doomed)
-            )
-            await asyncio.to_thread(self._vectors.purge_history)
-            found = await asyncio.to_thread(self._vectors.find, match)
-            left = [entry.id for entry in erased_by(tombstone, found)]
-            versions = await asyncio.to_thread(self._vectors.history_versions)
-        if versions:
-            left.append(f"{versions} old table versions")
+            for label, vectors in await asyncio.to_thread(self._tables):
+                found = await asyncio.to_thread(vectors.find, match)
+                doomed = tuple(entry.id for entry in erased_by(tombstone, found))
+                removed += await asyncio.to_thread(
+                    vectors.remove, Match(tombstone.tenant_id, entry_ids=doomed)
+                )
+                await asyncio.to_thread(vectors.purge_history)
+                left += [f"{label}{e.id}" for e in await _still(vectors, tombstone, match)]
+                versions = await asyncio.to_thread(vectors.history_versions)
+                if versions:
+                    left.append(f"{label}{versions} old table versions")
         return Erased(removed, left)
+
+    async def expire_copies(self, now: datetime, grace: timedelta) -> list[str]:
+        if self._shadows is None:
+            return []
+        expired = [name for name, at in self._shadows.tables().items() if at + grace <= now]
+        for name in expired:
+            await asyncio.to_thread(self._shadows.drop, name)
+        return sorted(expired)
 
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
         """By target, by item id, by content (the probe vectors of the erased text: a hit of
@@ -72,19 +98,34 @@ class EmbeddingsStore(DerivedStore):
                 if match.matches(hit.entry):
                     found.add(f"content:{hit.entry.id}")
         versions = await asyncio.to_thread(self._vectors.history_versions)
+        for label, shadow in (await asyncio.to_thread(self._tables))[1:]:
+            found |= {f"{label}{e.id}" for e in await _still(shadow, tombstone, match)}
         return sorted(found) + ([f"{versions} old table versions"] if versions else [])
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
         found: set[str] = set()
-        for tenant, index in covered.items():
-            subjects = [(k[2], k[3]) for k in index.entries if k[1] == "subject"]
-            matches = [_match(tenant, index)] + [
-                Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
-            ]
-            for match in matches:
-                entries = await asyncio.to_thread(self._vectors.find, match)
-                found.update(entry.id for entry in covered_entries(entries, {tenant: index}))
+        for label, vectors in await asyncio.to_thread(self._tables):
+            found |= {f"{label}{entry_id}" for entry_id in await _ghosts(vectors, covered)}
         return sorted(found)
+
+
+async def _still(vectors: VectorStore, tombstone: Tombstone, match: Match) -> list[VectorEntry]:
+    """What of the tombstone's target a table still holds."""
+    return erased_by(tombstone, await asyncio.to_thread(vectors.find, match))
+
+
+async def _ghosts(vectors: VectorStore, covered: Mapping[str, ErasureIndex]) -> set[str]:
+    """The ids of a table's entries that an erasure or revocation covers."""
+    found: set[str] = set()
+    for tenant, index in covered.items():
+        subjects = [(k[2], k[3]) for k in index.entries if k[1] == "subject"]
+        matches = [_match(tenant, index)] + [
+            Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
+        ]
+        for match in matches:
+            entries = await asyncio.to_thread(vectors.find, match)
+            found.update(entry.id for entry in covered_entries(entries, {tenant: index}))
+    return found
 
 
 def covered_entries(

@@ -29,8 +29,8 @@ from projections.embeddings.indexer import (
 )
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.crypto import Unreadable
-from projections.sealing.fields import Shredded
-from projections.sealing.keys import KeyStore
+from projections.sealing.fields import EntityRef, Shredded
+from projections.sealing.keys import KeyStore, ever_shredded
 from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
@@ -137,8 +137,8 @@ class EmbeddingsIndexer:
         with stage("unseal"):
             async with self._pool.connection() as conn:
                 keys = await self._keys.keys(conn, [sealed[_position(m)].entity for m in part])
-        dead: list[OutboxMessage] = []
         shredded = 0
+        failed: list[tuple[InputMessage, PublishedMessage, str]] = []
         for message in part:
             published = sealed[_position(message)]
             try:
@@ -147,10 +147,22 @@ class EmbeddingsIndexer:
                 shredded += 1
                 continue
             except Unreadable as exc:
-                unreadable = InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)[:500])
-                dead.append(isolation.invalid(message, unreadable))
+                failed.append((message, published, str(exc)[:500]))
                 continue
             updates[_position(message)] = _message_update(opened)
+        erased: set[EntityRef] = set()
+        if failed:
+            # Sealed under a key an erasure destroyed, its conversation having a new one now.
+            with stage("unseal"):
+                async with self._pool.connection() as conn:
+                    erased = await ever_shredded(conn, [p.entity for _, p, _ in failed])
+        dead: list[OutboxMessage] = []
+        for message, published, why in failed:
+            if published.entity in erased:
+                shredded += 1
+                continue
+            unreadable = InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, why)
+            dead.append(isolation.invalid(message, unreadable))
         self._metrics.shredded(self.name, shredded)
         return dead
 

@@ -36,12 +36,22 @@ class FaustStreamSource:
         self._limits = limits
 
     async def batches(self) -> AsyncIterator[Batch]:
-        async for taken in self._stream.noack_take(  # type: ignore[attr-defined]
+        taking = self._stream.noack_take(  # type: ignore[attr-defined]
             self._limits.max_events, within=self._limits.max_wait_seconds
-        ):
-            # noack_take yields events, not values (faust's annotation says otherwise).
-            events = cast(Events, taken)
-            yield Batch(to_input(events), events)
+        )
+        try:
+            async for taken in taking:
+                # noack_take yields events, not values (faust's annotation says otherwise).
+                events = cast(Events, taken)
+                yield Batch(to_input(events), events)
+        finally:
+            # Closing noack_take turns faust's automatic acknowledgement back on, and the
+            # stream goes on taking messages in the background: they would be acknowledged
+            # (committed) unapplied, and lost. A loop that stops taking batches (a drained
+            # one, at shutdown) must leave its messages unacknowledged, to be redelivered.
+            # No other task runs between the close and the reset (nothing here waits).
+            await taking.aclose()
+            self._stream.enable_acks = False
 
     async def ack(self, batch: Batch) -> None:
         for event in cast(Events, batch.token):

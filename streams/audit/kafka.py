@@ -28,7 +28,7 @@ from streams.audit.plaintext import (
     topic_kind,
     within_window,
 )
-from streams.kafka import consumer_config
+from streams.kafka import KafkaTarget, consumer_config
 from topics.messages import header_pairs
 from topics.registry import TopicNames, TopicSpec
 
@@ -59,7 +59,7 @@ def topics_to_scan(
     ]
 
 
-def auditor(bootstrap: str) -> Consumer:
+def auditor(bootstrap: KafkaTarget) -> Consumer:
     return Consumer(
         consumer_config(
             bootstrap,
@@ -158,7 +158,7 @@ async def scan_topic(
 
 
 async def scan_kafka(
-    bootstrap: str,
+    bootstrap: KafkaTarget,
     topics: Sequence[TopicToScan],
     matcher: Matcher,
     report: Report,

@@ -9,7 +9,6 @@ import psycopg
 
 from projections.cache.store import connect as connect_redis
 from projections.deadletters import LetterSealer
-from projections.sealing.crypto import parse_master_key
 from projections.sealing.keys import KeyStore
 from streams.audit.kafka import scan_kafka, topics_to_scan
 from streams.audit.openers import OpenerContext
@@ -51,9 +50,9 @@ async def audit_plaintext(
 ) -> Report:
     """Search every source for ``marker``; ``schemas`` limits PostgreSQL to those named."""
     report = Report(Matcher.of(marker))
-    master = parse_master_key(settings.master_key)
+    master = settings.worker_master_keys()
     keys = KeyStore(master)
-    async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+    async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
         # One snapshot for the tables and the data keys the openers use.
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         await conn.set_read_only(True)
@@ -63,7 +62,7 @@ async def audit_plaintext(
             if Source.KAFKA in sources:
                 topics = topics_to_scan(settings.topics, ALL_TOPICS, raw_windows(settings))
                 context = OpenerContext(conn, keys, LetterSealer(master))
-                await scan_kafka(settings.kafka_bootstrap, topics, report.matcher, report, context)
+                await scan_kafka(settings.kafka, topics, report.matcher, report, context)
     if Source.REDIS in sources:
         redis = connect_redis(settings.redis_url)
         try:

@@ -28,7 +28,7 @@ def echo_json(data: Any) -> None:
 
 def with_connection(settings: Settings, work: Callable[[Conn], Awaitable[T]]) -> T:
     async def run() -> T:
-        async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+        async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
             return await work(conn)
 
     return asyncio.run(run())

@@ -45,7 +45,7 @@ def request_deletion(
         "payload": payload,
     }
     key, value = to_message(event)
-    producer = Producer(producer_config(settings.kafka_bootstrap))
+    producer = Producer(producer_config(settings.kafka))
     producer.produce(settings.topics.name(DELETION_REQUESTS), value, key)
     if producer.flush(30):
         raise click.ClickException("the request was not delivered to Kafka")

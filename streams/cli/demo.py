@@ -14,7 +14,6 @@ from confluent_kafka.admin import AdminClient
 
 from projections.bookkeeping import Conn
 from projections.deadletters import LetterSealer, open_letters
-from projections.sealing.crypto import parse_master_key
 from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import admin_config, consumer_config, delete_topics, producer_config
@@ -51,7 +50,7 @@ def demo_produce(
     conflicts, malformed messages) and conversations (turns, tool exchanges, summaries,
     credentials to mask, refusals)."""
     settings = settings_of(ctx)
-    producer = Producer(producer_config(settings.kafka_bootstrap))
+    producer = Producer(producer_config(settings.kafka))
     streams = (
         (MEMORY_EVENTS, sample_memory_stream(memories, tenants, seed)),
         (CONVERSATION_EVENTS, sample_conversation_stream(conversations, tenants, seed)),
@@ -88,14 +87,14 @@ def demo_clean(ctx: click.Context, current: str) -> None:
     schemas. ``ops/demo`` runs it first, so the stack keeps the latest run only."""
     settings = settings_of(ctx)
     cut_off = _run_time(current)
-    admin = AdminClient(admin_config(settings.kafka_bootstrap))
+    admin = AdminClient(admin_config(settings.kafka))
 
     def older(name: str, form: str) -> bool:
         found = re.fullmatch(form.format(run=DEMO_RUN.pattern), name)
         return found is not None and int(found.group(1)) < cut_off
 
     topics = [t for t in admin.list_topics(timeout=30).topics if older(t, r"{run}\..+")]
-    delete_topics(settings.kafka_bootstrap, topics)
+    delete_topics(settings.kafka, topics)
     groups = [
         listing.group_id
         for listing in admin.list_consumer_groups().result(timeout=30).valid
@@ -125,10 +124,10 @@ def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
     A committed reader (contract 1.1): aborted transactions' messages are not read. Each
     partition is read up to its end as of the call, or until the reader reports reaching
     the end of it (the rest being offsets it never receives: transaction markers)."""
-    ends = end_offsets(settings.kafka_bootstrap, topic)
+    ends = end_offsets(settings.kafka, topic)
     consumer = Consumer(
         consumer_config(
-            settings.kafka_bootstrap,
+            settings.kafka,
             **{
                 "group.id": f"memproj-reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
@@ -251,7 +250,7 @@ async def _conversation_report(conn: Conn) -> dict[str, Any]:
 async def _projection_report(conn: Conn, settings: Settings, wait: bool) -> dict[str, Any]:
     if wait:
         for spec, projection in ((MEMORY_EVENTS, "memory"), (CONVERSATION_EVENTS, "conversation")):
-            await wait_pipeline(conn, settings.kafka_bootstrap, settings.topics, spec, projection)
+            await wait_pipeline(conn, settings.kafka, settings.topics, spec, projection)
     return {"memory": await _memory_report(conn), "conversation": await _conversation_report(conn)}
 
 
@@ -267,7 +266,7 @@ def _dead_letters(settings: Settings, spec: TopicSpec) -> dict[str, Any]:
         example = first.model_dump(
             mode="json", include={"topic", "partition", "offset", "error_code", "error"}
         )
-        sealer = LetterSealer(parse_master_key(settings.master_key))
+        sealer = LetterSealer(settings.worker_master_keys())
         [view] = with_connection(
             settings, lambda conn: open_letters(conn, sealer, [first], datetime.now(UTC))
         )

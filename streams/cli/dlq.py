@@ -13,7 +13,6 @@ import click
 
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters import LetterSealer, LetterView, open_letters
-from projections.sealing.crypto import parse_master_key
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.cli.demo import read_topic
 from streams.kafka import KafkaPublisher
@@ -47,7 +46,7 @@ def read_letters(settings: Settings, topics: Iterable[str]) -> list[Stored]:
             except ValueError:
                 continue
             found.append((topic, message.partition, message.offset, letter))
-    sealer = LetterSealer(parse_master_key(settings.master_key))
+    sealer = LetterSealer(settings.worker_master_keys())
 
     async def work(conn: Conn) -> list[LetterView]:
         return await open_letters(conn, sealer, [f[3] for f in found], datetime.now(UTC))
@@ -262,7 +261,7 @@ def dlq_replay(
     )
     messages, skipped = replay_plan(letters)
     if messages and not dry_run:
-        publisher = KafkaPublisher(settings.kafka_bootstrap)
+        publisher = KafkaPublisher(settings.kafka)
         try:
             publisher.publish_sync(messages)
         finally:

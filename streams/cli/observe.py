@@ -43,10 +43,10 @@ def audit_ghosts(ctx: click.Context, as_json: bool) -> None:
 
     async def run() -> dict[str, Any]:
         # Stores read through the connection below: the pool is never opened.
-        supplies = StoreSupplies(settings, make_pool(settings.postgres_dsn, 1))
+        supplies = StoreSupplies(settings, make_pool(settings.postgres_conninfo, 1))
         try:
             stores = open_all(supplies)
-            async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+            async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
                 results = await ghost_audit.audit_ghosts(conn, stores, datetime.now(UTC))
                 await conn.commit()
         finally:
@@ -75,7 +75,7 @@ class Snapshot:
 
 
 async def _ledger_view(settings: Settings) -> tuple[Any, Any, Any]:
-    async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+    async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
         return await _read(conn)
 
 
@@ -150,7 +150,7 @@ def top(ctx: click.Context, interval: float, once: bool) -> None:
     """A live view per consumer group and derived store: lag in messages and seconds, apply
     rate, pending deletions and their age, ghost items, blocked ghost reads."""
     settings = settings_of(ctx)
-    lag = LagCollector(settings.kafka_bootstrap, settings.group_prefix)
+    lag = LagCollector(settings.kafka, settings.group_prefix)
     snapshot = take(settings, lag, None)
     if once:
         time.sleep(interval)

@@ -149,7 +149,7 @@ def offsets_show(ctx: click.Context, kind: str, as_json: bool) -> None:
     """Committed offset, end offset and lag per partition, and the group's active members."""
     settings = settings_of(ctx)
     group = _group(settings, kind)
-    lags = LagCollector(settings.kafka_bootstrap, settings.group_prefix).collect([group])
+    lags = LagCollector(settings.kafka, settings.group_prefix).collect([group])
     members = active_members(settings, group)
     rows = [
         {"topic": lag.topic, "partition": lag.partition, "committed": lag.committed,
@@ -192,12 +192,12 @@ def offsets_reset(ctx: click.Context, kind: str, to: str, topic: str | None, as_
             f"every `memproj worker {kind}` process first (offsets can only be reset while "
             "the group is empty), then run this again"
         )
-    lags = LagCollector(settings.kafka_bootstrap, settings.group_prefix).collect([group])
+    lags = LagCollector(settings.kafka, settings.group_prefix).collect([group])
     targets = sorted({lag.topic for lag in lags if topic is None or lag.topic == topic})
     if not targets:
         raise click.ClickException(f"group {group} has no committed offsets to reset")
     new = _resolve(settings, targets, to)
-    admin = AdminClient(admin_config(settings.kafka_bootstrap))
+    admin = AdminClient(admin_config(settings.kafka))
     result = admin.alter_consumer_group_offsets(
         [
             ConsumerGroupTopicPartitions(

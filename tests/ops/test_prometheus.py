@@ -317,9 +317,7 @@ def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
     )
     ghosts = 'memproj_ghost_items{store="embeddings"}'
     env.wait_until(lambda: prometheus.value(ghosts) == 1, "the audit to report the ghost")
-    environment = {
-        f"MEMPROJ_{name.upper()}": str(value) for name, value in env.settings.model_dump().items()
-    }
+    environment = env.settings.as_environment()
     on_demand = CliRunner().invoke(cli, ["audit", "ghosts", "--json"], env=environment)
     assert on_demand.exit_code == 1, on_demand.output  # scripts can act on the exit status
     assert orjson.loads(on_demand.output)["embeddings"]["ghost_items"] == 1

@@ -118,9 +118,11 @@ def test_hostile_keys_name_no_owner(key: bytes | None) -> None:
     assert owner_of(key, None) == LetterOwner()
 
 
-def test_a_key_alone_names_the_tenant_and_every_split_of_it_for_erasure() -> None:
+def test_a_key_alone_names_its_tenant_only_when_unambiguous_and_every_split_for_erasure() -> None:
     owner = owner_of(b"acme:x:m1", b"{broken")
-    assert owner.tenant_id == "acme" and owner.message_key == "acme:x:m1"
+    # Two colons: the tenant is "acme" or "acme:x", so none is guessed.
+    assert owner.tenant_id is None and owner.message_key == "acme:x:m1"
+    assert owner_of(b"acme:m1", b"{broken").tenant_id == "acme"
     keys = owner.erasure_keys()
     # Either split of the key: tenant "acme" with "x:m1", or tenant "acme:x" with "m1".
     assert memory_key("acme", "x:m1") in keys and memory_key("acme:x", "m1") in keys

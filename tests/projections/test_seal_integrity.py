@@ -211,6 +211,9 @@ def test_the_sealed_codec_dead_letters_edited_events_as_unreadable_seal() -> Non
         async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
             return {ref: KEY for ref in refs}
 
+        async def rekeyed(self, conn: object, refs: list[EntityRef]) -> set[EntityRef]:
+            return set()
+
     schemas = default_schemas()
     memory_types = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
     codec = SealedCodec(EventCodec(schemas, memory_types), Keys())  # type: ignore[arg-type]

@@ -156,6 +156,9 @@ def test_bad_messages_in_a_sealed_batch_become_dead_letters_not_a_failed_batch()
         async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
             return {ref: data_key for ref in sorted(set(refs))}  # as KeyStore orders them
 
+        async def rekeyed(self, conn: object, refs: list[EntityRef]) -> set[EntityRef]:
+            return set()
+
     schemas = default_schemas()
     inner = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
     codec = SealedCodec(inner, Keys())  # type: ignore[arg-type]  # only keys() is used
@@ -197,6 +200,9 @@ def _through_the_sealed_log(raws: list[dict], schemas: SchemaRegistry | None = N
     class Keys:
         async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
             return {ref: data_key for ref in refs}
+
+        async def rekeyed(self, conn: object, refs: list[EntityRef]) -> set[EntityRef]:
+            return set()
 
     schemas = schemas or default_schemas()
     memory_types = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
@@ -288,6 +294,9 @@ def test_corrections_sealed_before_1_1_read_their_explicit_null_as_removing_the_
     class Keys:
         async def keys(self, conn: object, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
             return {ref: data_key for ref in refs}
+
+        async def rekeyed(self, conn: object, refs: list[EntityRef]) -> set[EntityRef]:
+            return set()
 
     codec = SealedCodec(inner, Keys())  # type: ignore[arg-type]
     asyncio.run(codec.load_keys(None, old_format))  # type: ignore[arg-type]

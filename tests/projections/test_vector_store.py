@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.embeddings.lance import LanceVectorStore, sql_string
+from projections.embeddings.lance import (
+    LanceShadows,
+    LanceVectorStore,
+    replay_table_name,
+    sql_string,
+)
 from projections.embeddings.vectors import Match, memory_entry_id, message_entry_id
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
@@ -341,3 +346,34 @@ def test_an_upsert_never_replaces_another_tenants_entry_with_the_same_id(
     assert store.count() == 2
     assert store.tenants() == ["tenant-a", "tenant-b"]
     assert store.entries("tenant-a") == [mine]
+
+
+# -- rebuild tables beside the live one ------------------------------------------------------
+
+
+def test_an_erasure_reaches_a_rebuild_table_left_behind_and_old_ones_are_dropped(
+    tmp_path: Path,
+) -> None:
+    """A killed ``memproj replay embeddings`` leaves its table: erasures reach it until the
+    rebuild grace period drops it."""
+    path = tmp_path / "vectors"
+    live = LanceVectorStore(path, dim=EMBEDDER.dim)
+    shadows = LanceShadows(path, EMBEDDER.dim)
+    created = T0 + timedelta(days=1)
+    left_behind = shadows.open(replay_table_name(created))
+    alice = memory("m_alice", "alice's memory", tenant_id="acme")
+    bob = memory("m_bob", "bob's memory", tenant_id="acme")
+    live.upsert([alice, bob])
+    left_behind.upsert([alice, bob])
+    embeddings = EmbeddingsStore(live, asyncio.Lock(), ProbeSealer(new_data_key()), shadows)
+    gone = tombstone("acme", ("memory", "m_alice"), [TombstoneItem(type="memory", id="m_alice")])
+
+    erased = asyncio.run(embeddings.erase(gone))
+
+    assert erased.removed == 2 and erased.reachable == []
+    assert left_behind.entries("acme") == [bob] and left_behind.history_versions() == 0
+    (left_behind_name,) = shadows.tables()
+    grace = timedelta(days=7)
+    assert asyncio.run(embeddings.expire_copies(created + timedelta(days=6), grace)) == []
+    assert asyncio.run(embeddings.expire_copies(created + grace, grace)) == [left_behind_name]
+    assert shadows.tables() == {} and live.entries("acme") == [bob]

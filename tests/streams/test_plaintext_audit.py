@@ -115,11 +115,7 @@ def _audit(
     arguments = ["audit", "plaintext", marker, "--json"]
     for schema in schemas:
         arguments += ["--schema", schema]
-    environment = {
-        f"MEMPROJ_{name.upper()}": str(value)
-        for name, value in env.settings.model_dump().items()
-        if value is not None
-    }
+    environment = env.settings.as_environment()
     result = CliRunner().invoke(cli, arguments, env=environment, input=stdin)
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, orjson.loads(result.output)

@@ -252,9 +252,7 @@ def test_offsets_reset_refuses_while_the_group_is_active(env: Any) -> None:
     mixed_stream(env)
     worker = env.worker("memory")
     env.wait_caught_up(MEMORY_EVENTS, "memory")
-    environment = {
-        f"MEMPROJ_{name.upper()}": str(value) for name, value in env.settings.model_dump().items()
-    }
+    environment = env.settings.as_environment()
     runner = CliRunner()
     refused = runner.invoke(
         cli, ["offsets", "reset", "memory", "--to", "earliest"], env=environment
@@ -336,3 +334,48 @@ def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> Non
             return erased_during_swap, swapped_during_erasure
 
     assert asyncio.run(scenario()) == (False, False)
+
+
+def test_a_conversation_with_new_data_after_its_erasure_still_rebuilds(env: Any) -> None:
+    """After the erasure, a conversation id gets a new data key for its new data. What was
+    sealed under the destroyed key, on the sealed log and on conversation.messages, is
+    shredded, not unreadable: rebuilds skip it instead of stopping on it."""
+    before = EventFactory(id_prefix="old", clock=datetime.now(UTC) - timedelta(minutes=5))
+    env.produce_events(
+        [
+            before.started("acme", "c1", ALICE),
+            before.message("acme", "c1", "m1", "user", "ALICE-SECRET before"),
+        ],
+        CONVERSATION_EVENTS,
+    )
+    env.start("conversation", "deletion", "embeddings")
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    env.produce_events(
+        [before.deletion("acme", "d1", {"type": "conversation", "id": "c1"})], DELETION_REQUESTS
+    )
+
+    def erased() -> bool:
+        with env.connect() as conn:
+            return bool(conn.execute("SELECT 1 FROM shredded_keys").fetchone())
+
+    env.wait_until(erased, "the conversation's key to be shredded")
+    after = EventFactory(id_prefix="new", clock=datetime.now(UTC) + timedelta(seconds=1))
+    env.produce_events(
+        [
+            after.started("acme", "c1", ALICE),
+            after.message("acme", "c1", "m2", "user", "new data after the erasure"),
+        ],
+        CONVERSATION_EVENTS,
+    )
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+
+    rebuilt = asyncio.run(
+        replay_projection(
+            env.settings,
+            conversation_projection(env.settings, Metrics(CollectorRegistry())),
+            swap="never",
+        )
+    )
+    assert rebuilt.differences == {}, rebuilt.to_json()
+    vectors = asyncio.run(replay_embeddings(env.settings, swap="never"))
+    assert vectors.events >= 2 and not vectors.swapped

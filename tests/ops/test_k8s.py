@@ -1,0 +1,320 @@
+"""The Kubernetes manifests (ops/k8s, a kustomize base) checked without a cluster: every
+manifest against the Kubernetes schemas that kubernetes-validate ships, and every worker kind
+of the registry against its Deployment (command, port, probes, settings, shutdown bound)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
+
+from streams.cli import cli
+from streams.settings import SECRET_FILE_SETTINGS, Settings, split_dsn_password
+from streams.worker import METRICS_PORTS, WORKER_KINDS
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "ops" / "k8s"
+KUSTOMIZATION: dict[str, Any] = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+RESOURCE_FILES: list[str] = KUSTOMIZATION["resources"]
+
+# The oldest Kubernetes release the manifests are meant for, and the newest the package knows.
+KUBERNETES_VERSIONS = ("1.30.0", latest_version())
+
+# The kinds that open the embeddings worker's vector store: the worker itself, the deletion
+# worker's verification probe and the monitor's ghost audit (both through stores.open_all).
+VECTOR_STORE_KINDS = {"embeddings", "deletion", "monitor"}
+SECRETS_MOUNT = "/var/run/secrets/memproj"
+MEMORY_LIMIT_BYTES = 512 * 2**20  # issue 17: a worker's RSS target is 300 MB
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+MANIFESTS: dict[str, list[dict[str, Any]]] = {
+    name: documents(BASE / name) for name in RESOURCE_FILES
+}
+ALL = [doc for docs in MANIFESTS.values() for doc in docs]
+
+
+def the(kind: str, name: str) -> dict[str, Any]:
+    found = [doc for doc in ALL if doc["kind"] == kind and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} named {name} in ops/k8s"
+    return found[0]
+
+
+def deployment(worker: str) -> dict[str, Any]:
+    return the("Deployment", f"memproj-{worker}")
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in ALL:
+        if doc["kind"] in ("Deployment", "Job"):
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+CONFIG: dict[str, str] = the("ConfigMap", "memproj-settings")["data"]
+SECRET_KEYS = set(the("Secret", "memproj-secrets")["stringData"])
+
+
+def variable(field: str) -> str:
+    return f"MEMPROJ_{field.upper()}"
+
+
+# Every setting is an environment variable; each secret also has its <NAME>_FILE setting.
+SETTINGS = {variable(name) for name in Settings.model_fields}
+SECRETS = {variable(name) for name in SECRET_FILE_SETTINGS}
+
+
+def memory_bytes(quantity: str) -> int:
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", quantity)
+    assert match, f"unexpected memory quantity {quantity}"
+    return int(match.group(1)) * {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}[match.group(2)]
+
+
+def test_the_kustomization_lists_every_manifest() -> None:
+    on_disk = {
+        str(path.relative_to(BASE))
+        for path in BASE.rglob("*.yaml")
+        if path.name != "kustomization.yaml"
+    }
+    assert sorted(RESOURCE_FILES) == sorted(on_disk)
+    assert len(set(RESOURCE_FILES)) == len(RESOURCE_FILES)
+    identities = [(doc["kind"], doc["metadata"]["name"]) for doc in ALL]
+    assert len(set(identities)) == len(identities), "two manifests share a kind and name"
+    # The placeholder image that `kustomize edit set image memproj=...` replaces.
+    assert [image["name"] for image in KUSTOMIZATION["images"]] == ["memproj"]
+    for name, pod in pod_specs():
+        for container in containers(pod):
+            assert container["image"] == "memproj:latest", name
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", RESOURCE_FILES)
+def test_every_manifest_validates_against_the_kubernetes_schemas(name: str, version: str) -> None:
+    for doc in MANIFESTS[name]:
+        # strict: an unknown (misspelt) field fails too; a kind without a schema raises.
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def metrics_container_port(container: dict[str, Any]) -> int:
+    (port,) = [port for port in container["ports"] if port["name"] == "metrics"]
+    return int(port["containerPort"])
+
+
+def probe_port(container: dict[str, Any], probe: str) -> int:
+    port = container[probe]["httpGet"]["port"]
+    if isinstance(port, int):
+        return port
+    (named,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return int(named)
+
+
+def test_every_worker_kind_has_a_deployment_with_its_command_port_and_probes() -> None:
+    deployed = {doc["metadata"]["name"] for doc in ALL if doc["kind"] == "Deployment"}
+    assert deployed == {f"memproj-{kind}" for kind in WORKER_KINDS}
+    for kind in WORKER_KINDS:
+        spec = deployment(kind)["spec"]
+        assert (
+            spec["selector"]["matchLabels"].items()
+            <= spec["template"]["metadata"]["labels"].items()
+        )
+        assert spec["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == kind
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["command"] == ["memproj", "worker", kind]
+        port = METRICS_PORTS[kind]
+        assert metrics_container_port(container) == port
+        for probe, path in [
+            ("startupProbe", "/healthz"),
+            ("livenessProbe", "/healthz"),
+            ("readinessProbe", "/readyz"),
+        ]:
+            assert container[probe]["httpGet"]["path"] == path, (kind, probe)
+            assert probe_port(container, probe) == port, (kind, probe)
+        assert spec["template"]["metadata"]["annotations"] == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }
+
+
+def skeleton(kind: str) -> dict[str, Any]:
+    """The Deployment of ``kind`` less what is its own (name, port, command, rollout, the
+    vector store's volume and placement): what every worker's Deployment shares."""
+    doc = copy.deepcopy(deployment(kind))
+    doc["metadata"]["name"] = "memproj-KIND"
+    spec = doc["spec"]
+    del spec["strategy"], spec["replicas"]
+    template = spec["template"]
+    for labels in (doc["metadata"]["labels"], spec["selector"]["matchLabels"]):
+        labels["app.kubernetes.io/component"] = "KIND"
+    template["metadata"]["labels"]["app.kubernetes.io/component"] = "KIND"
+    template["metadata"]["annotations"]["prometheus.io/port"] = "PORT"
+    pod = template["spec"]
+    pod.pop("affinity", None)
+    pod["volumes"] = [v for v in pod["volumes"] if "persistentVolumeClaim" not in v]
+    (container,) = pod["containers"]
+    container["command"][-1] = "KIND"
+    container["ports"][0]["containerPort"] = "PORT"
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "vectors"]
+    return doc
+
+
+def test_every_worker_deployment_is_the_same_but_for_its_own_parts() -> None:
+    # Hand-written, one file per kind: this keeps the copies from drifting apart.
+    for kind in WORKER_KINDS:
+        assert skeleton(kind) == skeleton("sealer"), kind
+    # The kinds that scale by partition roll over without a gap (the vector store's kinds
+    # are checked in test_the_vector_store_has_one_writer_and_is_shared_with_its_readers).
+    for kind in set(WORKER_KINDS) - VECTOR_STORE_KINDS:
+        assert deployment(kind)["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }, kind
+
+
+def test_every_worker_kind_has_a_disruption_budget_for_its_pods() -> None:
+    budgets = {doc["metadata"]["name"] for doc in ALL if doc["kind"] == "PodDisruptionBudget"}
+    assert budgets == {f"memproj-{kind}" for kind in WORKER_KINDS}
+    for kind in WORKER_KINDS:
+        budget = the("PodDisruptionBudget", f"memproj-{kind}")["spec"]
+        assert budget["selector"] == deployment(kind)["spec"]["selector"]
+        # Never 0 unavailable: a budget that allows no eviction blocks every node drain.
+        assert budget["maxUnavailable"] >= 1
+
+
+def environment_names(container: dict[str, Any]) -> set[str]:
+    names = {entry["name"] for entry in container.get("env", [])}
+    for source in container.get("envFrom", []):
+        # Settings come from the ConfigMap only; a secret in the environment would be one
+        # `env` or crash dump away from a log.
+        assert set(source) == {"configMapRef"}, source
+        assert source["configMapRef"]["name"] == "memproj-settings"
+        names |= set(CONFIG)
+    return names
+
+
+def test_the_environment_names_only_real_settings() -> None:
+    assert set(CONFIG) <= SETTINGS, f"not memproj settings: {sorted(set(CONFIG) - SETTINGS)}"
+    for name, pod in pod_specs():
+        for container in containers(pod):
+            names = environment_names(container)
+            assert names <= SETTINGS, f"{name}: not settings: {sorted(names - SETTINGS)}"
+
+
+def test_secrets_are_read_from_the_mounted_secret_files_only() -> None:
+    assert {f"{name}_FILE" for name in SECRETS} <= SETTINGS
+    assert not SECRETS & set(CONFIG), "a secret's value is in the ConfigMap"
+    assert split_dsn_password(CONFIG["MEMPROJ_POSTGRES_DSN"])[1] is None, "a password in the DSN"
+    files = {name: path for name, path in CONFIG.items() if name.endswith("_FILE")}
+    wanted = {"MEMPROJ_POSTGRES_PASSWORD", "MEMPROJ_MASTER_KEY", "MEMPROJ_KAFKA_PASSWORD"}
+    assert {f"{name}_FILE" for name in wanted} <= set(files)
+    for path in files.values():
+        directory, key = path.rsplit("/", 1)
+        assert directory == SECRETS_MOUNT and key in SECRET_KEYS, path
+    for name, pod in pod_specs():
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == "memproj-secrets"
+        for container in containers(pod):
+            mounts = {m["name"]: m for m in container["volumeMounts"]}
+            mount = mounts[volume["name"]]
+            assert mount["mountPath"] == SECRETS_MOUNT and mount["readOnly"] is True, name
+
+
+def test_the_settings_are_production_ones() -> None:
+    # 'local' would let a worker run with the published development master key.
+    assert CONFIG["MEMPROJ_ENVIRONMENT"] == "production"
+    assert CONFIG["MEMPROJ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+
+
+def test_workers_serve_beyond_loopback_each_on_its_own_port() -> None:
+    assert CONFIG["MEMPROJ_METRICS_HOST"] == "0.0.0.0"
+    # Set, it would move every kind onto one port, away from its probes and annotations.
+    assert "MEMPROJ_METRICS_PORT" not in CONFIG
+
+
+def test_the_grace_period_outlasts_the_shutdown_bound() -> None:
+    default = Settings.model_fields["shutdown_timeout_seconds"].default
+    configured = float(CONFIG.get("MEMPROJ_SHUTDOWN_TIMEOUT_SECONDS", default))
+    for kind in WORKER_KINDS:
+        grace = deployment(kind)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > max(default, configured), kind
+
+
+def test_every_pod_runs_unprivileged_on_a_read_only_root_within_its_limits() -> None:
+    account = the("ServiceAccount", "memproj")
+    assert account["automountServiceAccountToken"] is False
+    data_dir = CONFIG["MEMPROJ_DATA_DIR"]
+    for name, pod in pod_specs():
+        assert pod["serviceAccountName"] == "memproj"
+        assert pod["automountServiceAccountToken"] is False
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] > 0, name
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in containers(pod):
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["capabilities"] == {"drop": ["ALL"]}, name
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), name
+            assert {"cpu", "memory"} <= set(resources["limits"]), name
+            limit = memory_bytes(resources["limits"]["memory"])
+            assert memory_bytes(resources["requests"]["memory"]) <= limit <= MEMORY_LIMIT_BYTES
+            # The root is read-only: the data directory and /tmp are writable volumes.
+            paths = {mount["mountPath"] for mount in container["volumeMounts"]}
+            assert {data_dir, "/tmp"} <= paths, name
+
+
+def test_the_vector_store_has_one_writer_and_is_shared_with_its_readers() -> None:
+    vector_store = str(Settings(data_dir=Path(CONFIG["MEMPROJ_DATA_DIR"])).vector_store_path)
+    claim = the("PersistentVolumeClaim", "memproj-vectors")
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    writer = deployment("embeddings")["spec"]
+    # Single writer: one pod, and the old one stops before the new one starts.
+    assert writer["replicas"] == 1 and writer["strategy"] == {"type": "Recreate"}
+    for kind in WORKER_KINDS:
+        spec = deployment(kind)["spec"]
+        pod = spec["template"]["spec"]
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in pod["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        (container,) = pod["containers"]
+        mounted = {m["mountPath"]: claims.get(m["name"]) for m in container["volumeMounts"]}
+        if kind not in VECTOR_STORE_KINDS:
+            assert not claims, kind
+            continue
+        assert mounted[vector_store] == "memproj-vectors", kind
+        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, kind
+        if kind != "embeddings":
+            # ReadWriteOnce: the readers must run on the node that mounts the claim.
+            (term,) = pod["affinity"]["podAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert term["topologyKey"] == "kubernetes.io/hostname"
+            assert term["labelSelector"]["matchLabels"] == writer["selector"]["matchLabels"]
+
+
+def test_the_init_job_creates_the_topics_then_applies_the_migrations() -> None:
+    pod = the("Job", "memproj-init")["spec"]["template"]["spec"]
+    commands = [container["command"] for container in containers(pod)]
+    assert commands == [["memproj", "topics", "create"], ["memproj", "db", "migrate"]]
+    assert pod["restartPolicy"] == "Never"
+    context = click.Context(cli)
+    for _memproj, group, name in commands:
+        command = cli.get_command(context, group)
+        assert isinstance(command, click.Group) and command.get_command(context, name), group

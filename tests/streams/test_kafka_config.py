@@ -1,0 +1,145 @@
+"""The Kafka client configuration built from the security settings (issue 16): pure, no broker."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from pathlib import Path
+
+import faust
+import pytest
+from confluent_kafka import KafkaError
+from pydantic import SecretStr
+
+from streams.kafka import admin_config, consumer_config, producer_config
+from streams.kafka_security import (
+    KafkaCluster,
+    KafkaSecurity,
+    KafkaSecurityConfigError,
+    KafkaSecurityError,
+    SaslMechanism,
+    SecurityProtocol,
+    fatal_cause,
+)
+from streams.settings import Settings
+
+SECRET = "s3cret-pw-value"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def security(protocol: SecurityProtocol, **values: object) -> KafkaSecurity:
+    if protocol.uses_sasl:
+        values = {"username": "memproj", "password": SecretStr(SECRET), **values}
+    return KafkaSecurity(protocol=protocol, **values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mechanism", list(SaslMechanism))
+@pytest.mark.parametrize("protocol", list(SecurityProtocol))
+def test_each_protocol_and_mechanism(protocol: SecurityProtocol, mechanism: SaslMechanism) -> None:
+    config = security(protocol, mechanism=mechanism).librdkafka_config()
+    assert config["security.protocol"] == protocol.value
+    if protocol.uses_sasl:
+        assert config["sasl.mechanism"] == mechanism.value
+        assert (config["sasl.username"], config["sasl.password"]) == ("memproj", SECRET)
+    else:
+        assert not [key for key in config if key.startswith("sasl.")]
+    if protocol.uses_tls:
+        assert config["ssl.endpoint.identification.algorithm"] == "https"
+    else:
+        assert not [key for key in config if key.startswith("ssl.")]
+
+
+def test_tls_files_and_hostname_check() -> None:
+    config = security(
+        SecurityProtocol.SSL,
+        ca_file=Path("/ca.pem"),
+        cert_file=Path("/c.pem"),
+        key_file=Path("/c.key"),
+        check_hostname=False,
+    ).librdkafka_config()
+    assert config == {
+        "security.protocol": "SSL",
+        "ssl.endpoint.identification.algorithm": "none",
+        "ssl.ca.location": "/ca.pem",
+        "ssl.certificate.location": "/c.pem",
+        "ssl.key.location": "/c.key",
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"protocol": SecurityProtocol.SASL_SSL}, "needs MEMPROJ_KAFKA_USERNAME"),
+        ({"protocol": SecurityProtocol.SASL_PLAINTEXT, "username": "u"}, "MEMPROJ_KAFKA_PASSWORD"),
+        ({"ca_file": Path("/ca.pem")}, "uses no TLS"),
+        ({"protocol": SecurityProtocol.SSL, "cert_file": Path("/c.pem")}, "go together"),
+    ],
+)
+def test_contradictory_settings_are_refused(values: dict[str, object], problem: str) -> None:
+    with pytest.raises(KafkaSecurityConfigError, match=problem):
+        KafkaSecurity(**values)  # type: ignore[arg-type]
+
+
+def test_secrets_are_in_no_repr(tmp_path: Path) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text(SECRET + "\n")
+    settings = Settings(
+        kafka_security_protocol="SASL_SSL",
+        kafka_username="memproj",
+        kafka_password_file=password_file,
+    )
+    cluster = settings.kafka
+    assert cluster.security.password is not None
+    assert cluster.security.password.get_secret_value() == SECRET  # the file, newline removed
+    for text in (repr(settings), str(settings), repr(cluster), str(cluster), cluster.describe()):
+        assert SECRET not in text
+    credentials = cluster.faust_credentials()
+    assert isinstance(credentials, faust.SASLCredentials)
+    assert SECRET not in repr(credentials)
+
+
+def test_every_client_config_carries_the_security_and_the_error_callback() -> None:
+    cluster = KafkaCluster("broker:9094", security(SecurityProtocol.SASL_SSL))
+    for config in (producer_config(cluster), consumer_config(cluster), admin_config(cluster)):
+        assert config["bootstrap.servers"] == "broker:9094"
+        assert config["security.protocol"] == "SASL_SSL"
+        assert callable(config["error_cb"])
+    assert producer_config("127.0.0.1:9092")["security.protocol"] == "PLAINTEXT"
+
+
+def test_the_error_callback_raises_only_what_a_retry_cannot_fix() -> None:
+    on_error = KafkaCluster("b:1", security(SecurityProtocol.SASL_SSL)).error_callback()
+    with pytest.raises(KafkaSecurityError, match="authentication failed"):
+        on_error(KafkaError(KafkaError._AUTHENTICATION, "invalid credentials"))
+    with pytest.raises(KafkaSecurityError, match="TLS handshake failed"):
+        on_error(KafkaError(KafkaError._SSL, "certificate verify failed"))
+    on_error(KafkaError(KafkaError._TRANSPORT, "connection refused"))  # retried by librdkafka
+    assert fatal_cause(KafkaError(KafkaError._ALL_BROKERS_DOWN)) is None
+
+
+def test_faust_credentials_per_protocol(tmp_path: Path) -> None:
+    assert security(SecurityProtocol.PLAINTEXT).faust_credentials() is None
+    tls = security(SecurityProtocol.SSL).faust_credentials()
+    assert isinstance(tls, faust.SSLCredentials)
+    sasl = security(SecurityProtocol.SASL_SSL, mechanism=SaslMechanism.SCRAM_SHA_256)
+    credentials = sasl.faust_credentials()
+    assert isinstance(credentials, faust.SASLCredentials)
+    assert credentials.mechanism.value == "SCRAM-SHA-256"
+    assert isinstance(credentials.ssl_context, ssl.SSLContext)
+    assert credentials.ssl_context.check_hostname
+    plain = security(SecurityProtocol.SASL_PLAINTEXT).faust_credentials()
+    assert isinstance(plain, faust.SASLCredentials) and plain.ssl_context is None
+
+
+def test_no_client_is_built_from_the_bare_bootstrap_string() -> None:
+    """Every confluent-kafka client in memproj's code takes ``settings.kafka`` (security
+    included); only faust's broker URL names the bootstrap string (its security comes from
+    ``broker_credentials``)."""
+    allowed = {"streams/settings.py", "streams/app.py"}
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "streams").rglob("*.py")
+        if str(path.relative_to(REPO)) not in allowed
+        and re.search(r"\bkafka_bootstrap\b", path.read_text())
+    ]
+    assert offenders == []
