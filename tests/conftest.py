@@ -8,6 +8,7 @@ data. A missing service fails the tests loudly: nothing here ever skips.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -316,10 +317,14 @@ def apply_migrations(dsn: str) -> None:
     asyncio.run(run())
 
 
-@pytest.fixture
-def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
+@contextlib.contextmanager
+def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = None) -> Iterator[Env]:
+    """A test's own schema, topics (under ``topic_prefix``, default a random one) and
+    groups, removed afterwards with whatever its workers and replays left."""
     name = uuid.uuid4().hex[:10]
     settings, schema = isolated_settings(stack, name, tmp_path / "data")
+    if topic_prefix is not None:
+        settings = settings.model_copy(update={"topic_prefix": topic_prefix.format(name=name)})
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
@@ -352,3 +357,9 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
             for name in sorted(left | {each.schema for each in every}):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
+
+
+@pytest.fixture
+def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
+    with isolated_env(stack, tmp_path) as test_env:
+        yield test_env

@@ -15,28 +15,25 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from conftest import REPO, Env, WorkerProcess, apply_migrations, isolated_settings
+from conftest import REPO, Env, WorkerProcess, isolated_env
 from conftest import settings_environment as plaintext_environment
 from pydantic import SecretStr
 
 from streams.cli import cli
-from streams.kafka import create_topics, delete_topics
 from streams.kafka_security import KafkaSecurityError
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.settings import Settings
 from streams.worker import memory_projection
 from support.deletion_scenario import ready, recent_factory, request, seed, wait_verified
-from topics.registry import ALL_TOPICS, MEMORY_EVENTS
+from topics.registry import MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 ALICE = ("user", "alice")
@@ -98,22 +95,8 @@ class SecureWorker(WorkerProcess):
 def secure_env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
     """The ``env`` fixture's isolation, with topics under ``memproj.``: memproj's ACLs cover
     that prefix (and the unprefixed registry names), not the suite's random prefixes."""
-    name = uuid.uuid4().hex[:10]
-    settings, schema = isolated_settings(stack, name, tmp_path / "data")
-    settings = settings.model_copy(update={"topic_prefix": f"memproj.{name}."})
-    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
-    apply_migrations(settings.postgres_dsn)
-    test_env = Env(settings, schema, tmp_path)
-    try:
+    with isolated_env(stack, tmp_path, topic_prefix="memproj.{name}.") as test_env:
         yield test_env
-    finally:
-        for worker in test_env.workers:
-            worker.stop()
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
 
 
 def start_secure(env: Env, kind: str, user: str = "memproj") -> SecureWorker:
