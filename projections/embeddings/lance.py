@@ -243,6 +243,30 @@ class LanceVectorStore:
     def history_versions(self) -> int:
         return self._run(lambda table: len(table.list_versions()) - 1)
 
+    def history_find(self, match: Match) -> list[tuple[int, VectorEntry]]:
+        where = match_filter(match)
+        if where is None:
+            return []
+
+        def old_versions(table: Table) -> list[int]:
+            latest = table.version
+            return sorted(
+                int(v["version"]) for v in table.list_versions() if v["version"] != latest
+            )
+
+        found: list[tuple[int, VectorEntry]] = []
+        for version in self._run(old_versions):
+            try:
+                old = self._db.open_table(self._name)
+                old.checkout(version)
+                rows = old.search().where(where).select(list(_COLUMNS)).limit(None).to_arrow()
+            except (ValueError, RuntimeError, OSError) as error:
+                if not _is_stale_version_error(error):
+                    raise
+                continue  # cleaned up meanwhile: nothing of it is left to read
+            found += [(version, _entry(row)) for row in rows.to_pylist()]
+        return found
+
     def count(self) -> int:
         return self._run(lambda table: table.count_rows())
 

@@ -135,6 +135,11 @@ class VectorStore(Protocol):
         """How many table versions are kept besides the latest one."""
         ...
 
+    def history_find(self, match: Match) -> list[tuple[int, VectorEntry]]:
+        """The entries ``match`` finds in the table versions kept besides the latest one,
+        each with its version: a removed entry must be in none of them."""
+        ...
+
     def count(self) -> int:
         """How many entries the store holds, of every tenant (a number, no content)."""
         ...

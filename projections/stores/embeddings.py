@@ -18,8 +18,8 @@ from topics.deletion import Tombstone
 
 
 class EmbeddingsStore(DerivedStore):
-    """Removal is complete only once old table versions are gone too: a removed vector must
-    not stay readable through the store's history.
+    """Removal is complete only once no old table version holds what was removed: a removed
+    vector must not stay readable through the store's history.
 
     ``writes`` is the lock the worker's index updates take too: between removing, purging
     the history and checking, no other write adds a table version.
@@ -97,10 +97,13 @@ class EmbeddingsStore(DerivedStore):
             for hit in await asyncio.to_thread(self._vectors.search, tenant, vector, 5):
                 if match.matches(hit.entry):
                     found.add(f"content:{hit.entry.id}")
-        versions = await asyncio.to_thread(self._vectors.history_versions)
+        # Old table versions: the ones an erasure left would still hold the target. Versions
+        # the indexer wrote since hold only what the erasure index let through, and are clean.
+        kept = await asyncio.to_thread(self._vectors.history_find, match)
+        found |= {f"version {v}:{e.id}" for v, e in kept if erased_by(tombstone, [e])}
         for label, shadow in (await asyncio.to_thread(self._tables))[1:]:
             found |= {f"{label}{e.id}" for e in await _still(shadow, tombstone, match)}
-        return sorted(found) + ([f"{versions} old table versions"] if versions else [])
+        return sorted(found)
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
         found: set[str] = set()

@@ -188,6 +188,24 @@ def test_removed_entries_stay_in_old_versions_until_the_history_is_purged(
     assert [hit.entry.memory_id for hit in store.search("tenant-a", secret.vector, 5)] == ["m2"]
 
 
+def test_old_versions_are_searched_for_what_was_removed(store: LanceVectorStore) -> None:
+    secret, kept = memory("m1", "the user's door code is 4711"), memory("m2", "likes jazz")
+    store.upsert([secret, kept])
+    store.remove(Match("tenant-a", memory_ids=("m1",)))
+    removed = Match("tenant-a", memory_ids=("m1",))
+    assert {entry for _, entry in store.history_find(removed)} == {secret}
+
+    store.purge_history()
+    # Writes after the purge make new old versions, none of which holds the removed entry.
+    store.upsert([memory("m3", "likes opera")])
+    store.upsert([memory("m4", "likes blues")])
+    assert store.history_versions() >= 2
+    assert store.history_find(removed) == []
+    assert {entry for _, entry in store.history_find(Match("tenant-a", memory_ids=("m2",)))} == {
+        kept
+    }
+
+
 def test_purging_erases_removed_entries_from_the_files_on_disk(tmp_path: Path) -> None:
     store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
     canary = "CANARY-7d1f a removed memory"

@@ -7,18 +7,28 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from projections.embeddings.vectors import Match
 from projections.shadow import SPECS
 from projections.shadow import checksums as table_checksums
+from projections.stores import STORE_NAMES
 from streams.kafka import admin_config
 from streams.sample import EventFactory, sample_conversation_stream, sample_memory_stream
-from support.probes import Answer, free_port, metric_total, probe, wait_probe
-from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
+from support.deletion_scenario import recent_factory, vectors
+from support.probes import Answer, free_port, metric_sample, metric_total, probe, wait_probe
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    DELETION_ACKS,
+    DELETION_REQUESTS,
+    DELETION_TOMBSTONES,
+    MEMORY_EVENTS,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +86,27 @@ class ReadinessWatch:
         )
 
 
+def stop_gracefully(env: Any, kind: str, victim: Any, port: int) -> float:
+    """SIGTERM ``victim`` and check its shutdown: within the bound, not ready while stopping,
+    its batch in progress finished, out of its consumer group at once. The seconds it took."""
+    assert victim.process is not None
+    watch = ReadinessWatch(port, victim)
+    started = time.monotonic()
+    victim.sigterm()
+    code = victim.process.wait(SHUTDOWN_BOUND_SECONDS)  # raises past the bound
+    stopped_in = time.monotonic() - started
+    watch.join()
+    log = victim.log_tail(400)
+    assert code == 0, log
+    assert watch.saw_shutting_down(), watch.answers[-5:]
+    assert "shutdown (a signal): not ready" in log
+    if kind != "monitor":  # the monitor consumes nothing: no batch, no group
+        assert "(0 abandoned and rolled back)" in log
+        # It left its group: the group is empty at once, not after the session timeout.
+        assert group_members(env, env.settings.group_id(kind)) == 0
+    return stopped_in
+
+
 def produce_phase(env: Any, phase: int) -> tuple[int, int]:
     seed = 100 + phase
     memories = [(m.key, m.value) for m in sample_memory_stream(PHASE_MEMORIES, 4, seed)]
@@ -111,21 +142,7 @@ def test_a_rolling_restart_ends_with_the_uninterrupted_projections(env: Any) -> 
         before = applied_offsets(env, kind)
         produce_phase(env, phase)
         env.wait_until(lambda k=kind, b=before: applied_offsets(env, k) > b, f"{kind} applying")
-        victim = workers[kind]
-        assert victim.process is not None
-        watch = ReadinessWatch(ports[kind], victim)
-        started = time.monotonic()
-        victim.sigterm()
-        code = victim.process.wait(SHUTDOWN_BOUND_SECONDS)  # raises past the bound
-        shutdowns[kind] = time.monotonic() - started
-        watch.join()
-        log = victim.log_tail(400)
-        assert code == 0, log
-        assert watch.saw_shutting_down(), watch.answers[-5:]
-        assert "shutdown (a signal): not ready" in log
-        assert "(0 abandoned and rolled back)" in log
-        # It left its group: the group is empty at once, not after the session timeout.
-        assert group_members(env, env.settings.group_id(kind)) == 0
+        shutdowns[kind] = stop_gracefully(env, kind, workers[kind], ports[kind])
 
         workers[kind] = env.worker(kind, metrics_port=ports[kind], **options)
         wait_probe(env, ports[kind], "/readyz", 200, group=True, database=True, running=True)
@@ -181,3 +198,164 @@ def waiting_for_lock(env: Any, table: str) -> bool:
             (table,),
         ).fetchone()
     return bool(row[0])
+
+
+# The erasure path: the ledger, every derived store and the monitor, each restarted while
+# deletions flow through it.
+ERASURE_KINDS = ("deletion", *STORE_NAMES, "monitor")
+SUBJECTS_PER_PHASE, ERASED_PER_PHASE = 24, 16
+
+
+def subject_of(phase: int, index: int) -> tuple[str, str]:
+    return ("user", f"u{phase}_{index}")
+
+
+def produce_subjects(env: Any, f: EventFactory, phase: int) -> None:
+    """Each subject: two memories and a conversation with two messages and a summary."""
+    memories, conversations = [], []
+    for index in range(SUBJECTS_PER_PHASE):
+        subject = subject_of(phase, index)
+        conversation = f"c{phase}_{index}"
+        for n in range(2):
+            value = {"text": f"fact {n} of {subject[1]}"}
+            memories.append(f.proposed("acme", f"m{phase}_{index}_{n}", subject, value))
+        conversations += [
+            f.started("acme", conversation, subject),
+            f.message("acme", conversation, "m1", "user", f"hello from {subject[1]}"),
+            f.message("acme", conversation, "m2", "assistant", "hello"),
+            f.summary("acme", conversation, 1, f"{subject[1]} said hello", ["m1", "m2"]),
+        ]
+    env.produce_events(conversations, CONVERSATION_EVENTS)
+    env.produce_events(memories)
+
+
+def request_erasures(env: Any, f: EventFactory, phase: int) -> list[str]:
+    requests = {f"d{phase}_{index}": subject_of(phase, index) for index in range(ERASED_PER_PHASE)}
+    env.produce_events(
+        [
+            f.deletion("acme", deletion_id, {"type": "subject", "id": name, "subject_type": kind})
+            for deletion_id, (kind, name) in requests.items()
+        ],
+        DELETION_REQUESTS,
+    )
+    return list(requests)
+
+
+def progress_of(env: Any, kind: str) -> int:
+    """What the ledger or a store has done so far: requests recorded by the ledger,
+    acknowledgements by a store."""
+    with env.connect() as conn:
+        if kind == "deletion":
+            row = conn.execute("SELECT count(*) FROM deletion_requests").fetchone()
+        else:
+            row = conn.execute(
+                "SELECT count(*) FROM deletion_store_acks WHERE store = %s AND status = 'done'",
+                (kind,),
+            ).fetchone()
+    return int(row[0])
+
+
+def wait_working(env: Any, kind: str, before: int, port: int) -> None:
+    """Until ``kind`` is at work on this phase's erasures: the monitor reporting the lag of
+    the ledger's group and the ghost audit's counts, the others past ``before``."""
+    if kind == "monitor":
+        group = env.settings.group_id("deletion")
+        env.wait_until(
+            lambda: (
+                metric_sample(port, "memproj_consumer_lag_messages", group=group)
+                and metric_sample(port, "memproj_ghost_items")
+            ),
+            "the monitor reporting",
+        )
+    else:
+        env.wait_until(lambda: progress_of(env, kind) > before, f"{kind} erasing")
+
+
+def ledger_outcome(env: Any) -> dict[str, tuple[str, bool, frozenset[str]]]:
+    """Per deletion: its status, whether its verification found nothing, and the stores that
+    acknowledged it done."""
+    with env.connect() as conn:
+        rows = conn.execute(
+            "SELECT r.deletion_id, r.status, coalesce((r.verification->>'clean')::boolean, false),"
+            " array_agg(a.store ORDER BY a.store) FILTER (WHERE a.status = 'done')"
+            " FROM deletion_requests r JOIN deletion_store_acks a USING (tenant_id, deletion_id)"
+            " GROUP BY 1, 2, 3"
+        ).fetchall()
+    return {row[0]: (row[1], row[2], frozenset(row[3] or ())) for row in rows}
+
+
+def test_a_rolling_restart_of_the_erasure_path_completes_every_deletion_once(env: Any) -> None:
+    f = recent_factory()
+    options: dict[str, Any] = {
+        "batch_max_events": 4,  # small batches: a SIGTERM lands between and within them
+        "shutdown_timeout_seconds": SHUTDOWN_BOUND_SECONDS,
+        # No redelivery by the ledger: a tombstone handled twice would show as a second ack.
+        "deletion_redelivery_seconds": 3600.0,
+    }
+    kinds = ("sealer", "memory", "conversation", *ERASURE_KINDS)
+    ports = {kind: free_port() for kind in kinds}
+    workers = {kind: env.worker(kind, metrics_port=ports[kind], **options) for kind in kinds}
+    for kind in kinds:
+        grouped = {} if kind == "monitor" else {"group": True}
+        wait_probe(env, ports[kind], "/readyz", 200, database=True, running=True, **grouped)
+
+    requested: list[str] = []
+    shutdowns = {}
+    for phase, kind in enumerate(ERASURE_KINDS):
+        produce_subjects(env, f, phase)
+        wait_phase_done(env)
+        before = 0 if kind == "monitor" else progress_of(env, kind)
+        requested += request_erasures(env, f, phase)
+        wait_working(env, kind, before, ports[kind])
+        shutdowns[kind] = stop_gracefully(env, kind, workers[kind], ports[kind])
+        workers[kind] = env.worker(kind, metrics_port=ports[kind], **options)
+        grouped = {} if kind == "monitor" else {"group": True}
+        wait_probe(env, ports[kind], "/readyz", 200, database=True, running=True, **grouped)
+
+    everything = frozenset(STORE_NAMES)
+
+    def all_verified() -> dict[str, Any] | None:
+        outcome = ledger_outcome(env)
+        done = {d: o for d, o in outcome.items() if o == ("completed", True, everything)}
+        return outcome if len(done) == len(requested) else None
+
+    assert set(env.wait_until(all_verified, "every deletion completed and verified")) == set(
+        requested
+    )
+    # Each deletion was published once, and each store acknowledged it done once: no restart
+    # handed a worker a tombstone or a request its predecessor had already honoured.
+    tombstones = Counter(
+        value["deletion_id"] for _, value in env.read(DELETION_TOMBSTONES) if value
+    )
+    assert tombstones == Counter(requested)
+    acks = Counter(
+        (value["deletion_id"], value["store"])
+        for _, value in env.read(DELETION_ACKS)
+        if value and value["status"] == "done"
+    )
+    assert acks == Counter((d, store) for d in requested for store in STORE_NAMES)
+    # What was not erased is all there: every kept subject's memories, projected and indexed.
+    kept = len(ERASURE_KINDS) * (SUBJECTS_PER_PHASE - ERASED_PER_PHASE)
+    with env.connect() as conn:
+        remaining = conn.execute(
+            "SELECT count(*), count(DISTINCT subject_id) FROM memories WHERE tenant_id = 'acme'"
+        ).fetchone()
+    assert remaining == (2 * kept, kept)
+    kept_memories = tuple(
+        f"m{phase}_{index}_{n}"
+        for phase in range(len(ERASURE_KINDS))
+        for index in range(ERASED_PER_PHASE, SUBJECTS_PER_PHASE)
+        for n in range(2)
+    )
+    indexed = vectors(env).find(Match(tenant_id="acme", memory_ids=kept_memories))
+    assert len({entry.memory_id for entry in indexed}) == 2 * kept
+    # The restarted monitor's ghost audit finds nothing in any store.
+    for store in STORE_NAMES:
+        env.wait_until(
+            lambda s=store: (
+                metric_sample(ports["monitor"], "memproj_ghost_items", store=s)
+                and metric_total(ports["monitor"], "memproj_ghost_items", store=s) == 0
+            ),
+            f"no ghosts in {store}",
+        )
+    print("shutdown seconds:", {kind: round(s, 2) for kind, s in shutdowns.items()})

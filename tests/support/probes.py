@@ -53,12 +53,22 @@ def wait_probe(env: Any, port: int, path: str, status: int, **check_ok: bool) ->
     return body
 
 
-def metric_total(port: int, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
+def metric_values(port: int, name: str, **labels: str) -> list[float]:
+    """The values of ``name``'s samples whose labels include ``labels``."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(label in line for label in wanted):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(label in line for label in wanted)
+    ]
+
+
+def metric_total(port: int, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(metric_values(port, name, **labels))
+
+
+def metric_sample(port: int, name: str, **labels: str) -> bool:
+    """Whether ``name`` has a sample with ``labels`` (whatever its value)."""
+    return bool(metric_values(port, name, **labels))
