@@ -20,14 +20,8 @@ from typing import Protocol, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deadletters import (
-    DeadLetterMessage,
-    LetterKeys,
-    LetterSealer,
-    Position,
-    PostgresLetterKeys,
-    letter_keys,
-)
+from projections.deadletters.keys import LetterKeys, PostgresLetterKeys
+from projections.deadletters.sealing import DeadLetterMessage, LetterSealer, Position, letter_keys
 from projections.sealing.crypto import MasterKeys
 from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify
 from topics.codec import InvalidMessage, encode

@@ -11,8 +11,9 @@ from typing import Any
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping, deadletters, rebuilds
+from projections import bookkeeping, rebuilds
 from projections.bookkeeping import Conn, OutboxMessage
+from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
 from projections.stores import STORE_NAMES, DerivedStore
@@ -159,7 +160,7 @@ class LedgerMaintenance(Service):
         """A dead letter opens until the end of its retention (the DLQ topics' too): then its
         key is destroyed, whatever the topic still holds."""
         async with self._pool.connection() as conn, conn.transaction():
-            destroyed = await deadletters.destroy_expired(conn, self._clock())
+            destroyed = await destroy_expired(conn, self._clock())
         if destroyed:
             log.info("destroyed %d dead-letter keys at the end of their retention", destroyed)
         return destroyed

@@ -34,7 +34,8 @@ from psycopg.conninfo import make_conninfo
 from projections import rebuilds
 from projections import shadow as shadows
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deadletters import LetterSealer, UnpublishedLetterKeys
+from projections.deadletters.keys import UnpublishedLetterKeys
+from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
 from projections.embeddings.vectors import VectorEntry, VectorStore

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from projections import deadletters, rebuilds
+from projections import rebuilds
 from projections.bookkeeping import (
     Conn,
     copy_new_rows,
@@ -22,6 +22,7 @@ from projections.bookkeeping import (
     keyset_param,
     remove_pending_messages,
 )
+from projections.deadletters import keys as letter_key_store
 from projections.deletion import coverage
 from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
 from projections.deletion.ledger import (
@@ -292,7 +293,7 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
         conn, coverage.deletion_params(tenant, entry.deletion_id, memories, conversations)
     )
     # Dead letters naming what is erased (even malformed copies) no longer open.
-    await deadletters.shred_dead_letters(
+    await letter_key_store.shred_dead_letters(
         conn, tenant, subject, memories, conversations, entry.deletion_id
     )
     # The erased memories' values still waiting in any outbox are never published: the

@@ -20,11 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projections.bookkeeping import Conn
-from projections.deadletters import (
-    LetterSealer,
-    count_letter_keys_not_newest,
-    rewrap_letter_keys,
-)
+from projections.deadletters.keys import count_letter_keys_not_newest, rewrap_letter_keys
+from projections.deadletters.sealing import LetterSealer
 from projections.sealing.crypto import Unreadable
 from projections.sealing.keys import KeyStore, count_not_newest, rewrap_batch
 from projections.sealing.probes import ProbeSealer

@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from projections.bookkeeping import Conn
 from projections.conversation.published import PublishedMessage, parse_record
-from projections.deadletters import LetterSealer, open_letters
+from projections.deadletters.reading import open_letters
+from projections.deadletters.sealing import LetterSealer
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, entity_of, unseal
 from projections.sealing.keys import KeyStore

@@ -8,7 +8,7 @@ from enum import StrEnum
 import psycopg
 
 from projections.cache.store import connect as connect_redis
-from projections.deadletters import LetterSealer
+from projections.deadletters.sealing import LetterSealer
 from projections.sealing.keys import KeyStore
 from streams.audit.kafka import scan_kafka, topics_to_scan
 from streams.audit.openers import OpenerContext

@@ -13,7 +13,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections.bookkeeping import Conn
-from projections.deadletters import LetterSealer, open_letters
+from projections.deadletters.reading import open_letters
+from projections.deadletters.sealing import LetterSealer
 from projections.shadow import drop_schema
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import admin_config, consumer_config, delete_topics, producer_config

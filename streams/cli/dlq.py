@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deadletters import LetterSealer, LetterView, open_letters
+from projections.deadletters.reading import LetterView, open_letters
+from projections.deadletters.sealing import LetterSealer
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.cli.demo import read_topic
 from streams.kafka import KafkaPublisher

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import psycopg
 
-from projections.deadletters import LetterSealer
+from projections.deadletters.sealing import LetterSealer
 from projections.migrate import migrate
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer

@@ -14,16 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.deadletters import (
+from projections.deadletters.keys import StoredKey, key_state
+from projections.deadletters.owner import LetterOwner, owner_of
+from projections.deadletters.sealing import (
     DEAD_LETTER_RETENTION,
     DeadLetterMessage,
-    LetterOwner,
     LetterSealer,
     Position,
-    StoredKey,
-    key_state,
     letter_keys,
-    owner_of,
 )
 from projections.deletion.erasure import conversation_key, memory_key, subject_key
 from projections.sealing.crypto import Unreadable

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from projections.deadletters import LetterSealer, Position
+from projections.deadletters.sealing import LetterSealer, Position
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
     MasterKeys,

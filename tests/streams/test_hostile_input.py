@@ -39,7 +39,8 @@ from streams.kafka import create_topics, delete_topics, producer_config
 from streams.progress import end_offsets, wait_caught_up
 from streams.settings import Settings
 from support.deadletters import open_views
-from support.hostile import (
+from support.hostile.corpus import corpus
+from support.hostile.plan import (
     CONSUMERS,
     EDGE_TENANT,
     SPECS,
@@ -47,10 +48,8 @@ from support.hostile import (
     Corpus,
     Expect,
     Planned,
-    bursts,
-    corpus,
-    oversized_letters,
 )
+from support.hostile.small_corpora import bursts, oversized_letters
 from topics.outputs import ORIGINAL_MAX_BYTES, DeadLetter
 from topics.registry import (
     ALL_TOPICS,

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from projections.bookkeeping import Conn
-from projections.deadletters import LetterKey, LetterSealer, LetterView, open_letters
+from projections.deadletters.reading import LetterView, open_letters
+from projections.deadletters.sealing import LetterKey, LetterSealer
 from projections.sealing.crypto import parse_master_key
 from streams.isolation import DeadLetters
 from streams.settings import Settings
