@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -221,7 +221,7 @@ class KafkaBatchSource:
         )
         self._consumer = consumer
 
-    async def batches(self) -> AsyncIterator[Batch]:
+    async def batches(self) -> AsyncGenerator[Batch, None]:
         loop = asyncio.get_running_loop()
         while not self._closing:
             messages = await loop.run_in_executor(self._thread, self._next_batch)

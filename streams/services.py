@@ -1,6 +1,7 @@
-"""Long-lived resources of a worker as mode services, started before the Faust app and
-stopped after it: the PostgreSQL pool, the Kafka publisher, the /metrics and probe endpoint;
-and the graceful shutdown that precedes faust's own stop."""
+"""Long-lived resources of a worker as mode services, started before its consumers (a faust
+app, or ``BatchConsumers``) and stopped after them: the PostgreSQL pool, the Kafka
+publisher, the /metrics and probe endpoint; and the graceful shutdown that precedes the
+consumers' own stop."""
 
 from __future__ import annotations
 
@@ -343,10 +344,10 @@ class ProbeService(Service):
 
 
 class GracefulShutdown:
-    """The first step of a worker's stop (SIGTERM, or a failure that stops it), before faust
-    stops the consumer: not ready at once; every batch loop takes no new batch and finishes
+    """The first step of a worker's stop (SIGTERM, or a failure that stops it), before its
+    consumers stop: not ready at once; every batch loop takes no new batch and finishes
     (commit, publish, acknowledge) or abandons (rolls back) the batch in progress; the
-    acknowledged offsets are committed. Faust's stop then leaves the group. Past the whole
+    acknowledged offsets are committed. The consumers' stop then leaves the group. Past the whole
     bound the process exits, whatever is still stopping."""
 
     def __init__(

@@ -1,8 +1,9 @@
-"""Composition root of a worker process: settings in, a runnable Faust worker out.
+"""Composition root of a worker process: settings in, a runnable worker out.
 
-Each worker kind is its own Faust app and therefore its own consumer group, so that every
-projection and derived store keeps its own offsets and can be stopped, lagged or replayed
-alone.
+Each worker kind is its own consumer group, so that every projection and derived store keeps
+its own offsets and can be stopped, lagged or replayed alone. The hot path's kinds
+(``BATCH_CONSUMER_KINDS``) take batches straight from a confluent-kafka consumer and run as
+plain mode workers; the others are faust apps.
 """
 
 from __future__ import annotations
