@@ -263,3 +263,45 @@ def test_a_member_joining_and_one_leaving_lose_nothing_and_apply_nothing_twice(e
     assert len(set(both)) == total  # nothing lost
     assert len(both) == total, "a message was applied by both members, or twice"
     assert first and second
+
+
+@pytest.mark.integration
+def test_a_member_with_no_partition_is_ready_and_takes_over_when_the_other_leaves(
+    env: Any,
+) -> None:
+    """More members than partitions: the idle one is ready (an empty assignment completed)."""
+    topic = env.topic(MEMORY_EVENTS) + ".dlq"  # one partition
+    group = group_settings(env)
+
+    async def run() -> tuple[bool, bool, int]:
+        states = [WorkerState(None, True), WorkerState(None, True)]
+        sources = [KafkaBatchSource(env.settings.kafka, [topic], group, s) for s in states]
+        handlers = [Recorder(), Recorder()]
+        loops = [loop_for(handler, Stops()) for handler in handlers]
+        tasks = []
+        for source, loop in zip(sources, loops, strict=True):
+            await source.start()
+            tasks.append(asyncio.create_task(loop.run(source)))
+
+        def ready(state: WorkerState) -> bool:
+            membership = state.membership
+            return membership is not None and membership.check().ok
+
+        await until(lambda: all(ready(s) for s in states), "both members ready")
+        owners = [len(source.owned) for source in sources]
+        idle = owners.index(0)
+        busy = 1 - idle
+        both_ready = all(ready(s) for s in states)
+        await loops[busy].drain(5)
+        tasks[busy].cancel()
+        await sources[busy].close()
+        env.produce(topic, [(b"k", b"v")])
+        await until(lambda: len(handlers[idle].applied) == 1, "the idle member taking over")
+        took_over = ready(states[idle]) and len(sources[idle].owned) == 1
+        tasks[idle].cancel()
+        await sources[idle].close()
+        return both_ready, took_over, sorted(owners)[1]
+
+    both_ready, took_over, owned = asyncio.run(run())
+    assert both_ready and owned == 1
+    assert took_over
