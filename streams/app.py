@@ -1,4 +1,5 @@
-"""The Faust app factory: one app (and consumer group) per worker kind, built on demand."""
+"""The Faust app factory: one app (and consumer group) per worker kind that still consumes
+through faust (``streams.worker.BATCH_CONSUMER_KINDS`` do not), built on demand."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -19,6 +19,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from projections.bookkeeping import OutboxMessage
 from streams.kafka_security import KafkaCluster
+from topics.messages import InputMessage, header_pairs
 from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
 
 
@@ -64,6 +65,15 @@ def consumer_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, ob
     }
     config.update(overrides)
     return config
+
+
+def input_message(message: Message) -> InputMessage:
+    """A consumed message (without error) as the loop and the runners take it."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return InputMessage(
+        topic, partition, offset, message.key(), message.value(), header_pairs(message.headers())
+    )
 
 
 def admin_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The one batched loop every agent runs: batches in, handled, acknowledged.
 
-Where batches come from is a seam of its own (``BatchSource``): today faust's stream
-(``streams.agents.source``), tomorrow a batch consumer; batching, isolation, retries and
-acknowledgement stay the same. For each batch the loop:
+Where batches come from is a seam of its own (``BatchSource``): a confluent-kafka batch
+consumer on the hot path (``streams.consumer``), faust's stream for the other agents
+(``streams.agents.source``); batching, isolation, retries and acknowledgement stay the
+same. For each batch the loop:
 
 1. splits it into parts of at most ``max_bytes`` (a message larger than that is a part alone);
 2. hands each part to the handler, retrying transient failures with backoff until they pass
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Batch:
     messages: Sequence[InputMessage]
-    # What the source needs to acknowledge the batch (faust's events).
+    # What the source needs to acknowledge the batch (faust's events, or the offsets).
     token: Any = None
 
 
@@ -148,7 +149,7 @@ class BatchLoop:
             )
 
     async def run(self, source: BatchSource) -> None:
-        """Apply every batch of ``source`` until it ends (a faust stream never does: the
+        """Apply every batch of ``source`` until it ends (a consumer's never does: the
         worker's stop cancels it, and what was not acknowledged is redelivered)."""
         pending: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
 

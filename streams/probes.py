@@ -1,8 +1,9 @@
 """What a worker's /healthz and /readyz answer: pure decisions over observed facts.
 
 The facts are gathered elsewhere (``streams.services.ProbeService``: the event loop's
-heartbeat, faust's rebalance signals, a ``SELECT 1``, the shutdown and the breaker); here they
-become a verdict, so that every rule is written once and tested without a worker.
+heartbeat, the consumer's rebalance callbacks, a ``SELECT 1``, the shutdown and the
+breaker); here they become a verdict, so that every rule is written once and tested
+without a worker.
 
 - Live: the event loop answered within ``stale_after`` seconds (its heartbeat ticks every
   second). A blocked or dead loop is the one thing a restart fixes.
@@ -55,13 +56,13 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class GroupMembership:
-    """The consumer group as faust's rebalance signals report it."""
+    """The consumer group as the consumer's rebalance callbacks report it."""
 
     assigned: frozenset[tuple[str, int]] | None = None  # None: no assignment completed yet
     rebalancing: bool = False
 
     def revoked(self) -> GroupMembership:
-        """A rebalance started (faust revokes before it assigns)."""
+        """A rebalance started (partitions are revoked before the new assignment)."""
         return GroupMembership(self.assigned, rebalancing=True)
 
     def assigned_to(self, partitions: Iterable[tuple[str, int]]) -> GroupMembership:

@@ -42,12 +42,12 @@ from projections.embeddings.vectors import VectorEntry, VectorStore
 from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
-from streams.kafka import admin_config, consumer_config
+from streams.kafka import admin_config, consumer_config, input_message
 from streams.metrics import Metrics
 from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool, open_vector_store
 from streams.settings import Settings
-from topics.messages import InputMessage, header_pairs
+from topics.messages import InputMessage
 from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
 
 Start = Literal["earliest"] | datetime | dict[int, int]
@@ -208,16 +208,7 @@ def read(
                 continue
             if end is None or error is not None or offset >= end:
                 continue
-            batch.append(
-                InputMessage(
-                    topic,
-                    partition,
-                    offset,
-                    message.key(),
-                    message.value(),
-                    header_pairs(message.headers()),
-                )
-            )
+            batch.append(input_message(message))
             if offset + 1 >= end:
                 del wanted[position]
                 if progress is not None:

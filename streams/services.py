@@ -1,6 +1,7 @@
-"""Long-lived resources of a worker as mode services, started before the Faust app and
-stopped after it: the PostgreSQL pool, the Kafka publisher, the /metrics and probe endpoint;
-and the graceful shutdown that precedes faust's own stop."""
+"""Long-lived resources of a worker as mode services, started before its consumers (a faust
+app, or ``BatchConsumers``) and stopped after them: the PostgreSQL pool, the Kafka
+publisher, the /metrics and probe endpoint; and the graceful shutdown that precedes the
+consumers' own stop."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from socketserver import ThreadingMixIn
@@ -32,6 +33,7 @@ from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from projections.sealing.probes import ProbeSealer
 from projections.stores.base import VectorShadows
+from streams.consumer import KafkaBatchSource
 from streams.kafka import KafkaPublisher
 from streams.loop import BatchLoop, StopOnce
 from streams.metrics import Metrics
@@ -150,6 +152,49 @@ class OutboxService(Service):
             log.info("%s: republished %d outbox messages", self.runner.projection.name, drained)
 
 
+class BatchConsumers(Service):
+    """Runs a worker's batch loops on their Kafka batch sources (``streams.consumer``), the
+    way a faust app runs its agents: joins the group once the services before it have
+    started, stops its agents first, and crashes the worker (``stop_once``) on the first failure
+    of any loop, which the graceful shutdown then reports."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.stop_once = StopOnce(self.crash)
+        self._runs: list[tuple[BatchLoop, KafkaBatchSource]] = []
+        self._agents: list[asyncio.Task[None]] = []
+        super().__init__(**kwargs)
+
+    def add(self, loop: BatchLoop, source: KafkaBatchSource) -> None:
+        # One source per worker: each reports the worker's whole group membership.
+        assert not self._runs, "one batch-consumed agent per worker"
+        self._runs.append((loop, source))
+
+    async def on_start(self) -> None:
+        for loop, source in self._runs:
+            await source.start()
+            name = f"{loop.handler.name}-consumer"
+            self._agents.append(asyncio.create_task(self._run(loop, source), name=name))
+
+    async def _run(self, loop: BatchLoop, source: KafkaBatchSource) -> None:
+        try:
+            await loop.run(source)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the consumer failed (e.g. KafkaSecurityError)
+            log.critical("%s: stopping the worker: %s", loop.handler.name, exc)
+            await self.stop_once(exc)
+
+    async def commit(self) -> None:
+        await asyncio.gather(*(source.commit() for _, source in self._runs))
+
+    async def on_stop(self) -> None:
+        for task in self._agents:
+            task.cancel()
+        if self._agents:
+            await asyncio.wait(self._agents)
+        await asyncio.gather(*(source.close() for _, source in self._runs))
+
+
 class WorkerState:
     """What the probes report, written by the event loop and read by the probe server's
     threads (single attribute reads and writes: atomic under the GIL)."""
@@ -163,17 +208,24 @@ class WorkerState:
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
 
-    # Receivers of faust's app signals: (app, partitions, signal=...).
-    def on_partitions_revoked(self, _app: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+    # Told by the batch consumer (``streams.consumer.MembershipObserver``), from its thread:
+    # each is one attribute write, and both come from that one thread.
+    def rebalancing(self) -> None:
         if self.membership is not None:
             self.membership = self.membership.revoked()
 
+    def assigned(self, positions: Iterable[tuple[str, int]]) -> None:
+        """The whole assignment now (a cooperative rebalance adds to it incrementally)."""
+        if self.membership is not None:
+            self.membership = self.membership.assigned_to(positions)
+
+    # Receivers of faust's app signals: (app, partitions, signal=...).
+    def on_partitions_revoked(self, _app: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+        self.rebalancing()
+
     def on_partitions_assigned(self, _app: Any, /, *args: Any, signal: Any, **_: Any) -> None:
         (assigned,) = args
-        if self.membership is not None:
-            self.membership = self.membership.assigned_to(
-                (tp.topic, tp.partition) for tp in assigned
-            )
+        self.assigned((tp.topic, tp.partition) for tp in assigned)
 
 
 class DatabaseProbe:
@@ -292,22 +344,23 @@ class ProbeService(Service):
 
 
 class GracefulShutdown:
-    """The first step of a worker's stop (SIGTERM, or a failure that stops it), before faust
-    stops the consumer: not ready at once; every batch loop takes no new batch and finishes
+    """The first step of a worker's stop (SIGTERM, or a failure that stops it), before its
+    consumers stop: not ready at once; every batch loop takes no new batch and finishes
     (commit, publish, acknowledge) or abandons (rolls back) the batch in progress; the
-    acknowledged offsets are committed. Faust's stop then leaves the group. Past the whole
+    acknowledged offsets are committed. The consumers' stop then leaves the group. Past the whole
     bound the process exits, whatever is still stopping."""
 
     def __init__(
         self,
         state: WorkerState,
         loops: Sequence[BatchLoop],
-        app: faust.App | None,
+        commit: Callable[[], Awaitable[object]] | None,
         budget: ShutdownBudget,
     ) -> None:
+        """``commit``: commits the acknowledged offsets (None: the worker consumes nothing)."""
         self.state = state
         self.loops = loops
-        self.app = app
+        self.commit = commit
         self.budget = budget
 
     async def begin(self) -> None:
@@ -335,19 +388,28 @@ class GracefulShutdown:
 
     async def _commit_offsets(self) -> None:
         membership = self.state.membership
-        if self.app is None or membership is None or membership.assigned is None:
+        if self.commit is None or membership is None or membership.assigned is None:
             return  # never consumed: nothing acknowledged
-        if self.state.stop is not None and self.state.stop.failure is not None:
-            return  # the crashed app is stopping its consumer, which commits what was acked
         try:
-            await asyncio.wait_for(self.app.consumer.commit(), self.budget.reserve_seconds / 2)
+            await asyncio.wait_for(self.commit(), self.budget.reserve_seconds / 2)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
             log.warning("shutdown: offset commit cancelled by the consumer's stop")
-        except Exception as exc:  # faust commits again as its consumer stops
+        except Exception as exc:  # committed again as the consumer stops
             log.warning("shutdown: offset commit failed (%s)", type(exc).__name__)
+
+    @staticmethod
+    def faust_commit(app: faust.App, state: WorkerState) -> Callable[[], Awaitable[object]]:
+        """A faust app's commit of what its agents acknowledged."""
+
+        async def commit() -> object:
+            if state.stop is not None and state.stop.failure is not None:
+                return None  # the crashed app is stopping its consumer, which commits
+            return await app.consumer.commit()
+
+        return commit
 
     def _exit_now(self) -> None:
         log.critical(

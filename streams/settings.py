@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
+from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings
 from topics.registry import TopicNames
@@ -110,6 +111,13 @@ class Settings(BaseSettings):
     kafka_session_timeout_seconds: float = Field(
         10.0,
         description="a worker that stops heartbeating is replaced in its group after this long",
+    )
+    rebalance_drain_seconds: float = Field(
+        10.0,
+        description="at a rebalance, the batches already taken from a revoked partition get "
+        "this long to be applied and their offsets committed before the partition is given "
+        "up; past it they are abandoned (redelivered to the next owner, which skips what was "
+        "applied)",
     )
     postgres_dsn: str = Field(
         "postgresql://memproj:memproj@127.0.0.1:55432/memproj",
@@ -361,6 +369,15 @@ class Settings(BaseSettings):
     @property
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.batch_max_events, self.batch_max_wait_seconds, self.batch_max_bytes)
+
+    def group_consumer(self, worker: str) -> GroupConsumerSettings:
+        """The consumer group settings of a worker kind's batch consumer."""
+        return GroupConsumerSettings(
+            self.group_id(worker),
+            self.batch_limits,
+            self.kafka_session_timeout_seconds,
+            self.rebalance_drain_seconds,
+        )
 
     @property
     def breaker(self) -> BreakerSettings:

@@ -1,13 +1,14 @@
-"""Composition root of a worker process: settings in, a runnable Faust worker out.
+"""Composition root of a worker process: settings in, a runnable worker out.
 
-Each worker kind is its own Faust app and therefore its own consumer group, so that every
-projection and derived store keeps its own offsets and can be stopped, lagged or replayed
-alone.
+Each worker kind is its own consumer group, so that every projection and derived store keeps
+its own offsets and can be stopped, lagged or replayed alone. The hot path's kinds
+(``BATCH_CONSUMER_KINDS``) take batches straight from a confluent-kafka consumer and run as
+plain mode workers; the others are faust apps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -34,6 +35,7 @@ from streams.agents.source import add_batch_agent
 from streams.agents.tombstones import TombstoneHandler
 from streams.app import build_app
 from streams.compaction import segment_rollers
+from streams.consumer import KafkaBatchSource
 from streams.isolation import DeadLetters, Isolation
 from streams.kafka import KafkaPublisher
 from streams.lag import LagCollector
@@ -44,6 +46,7 @@ from streams.monitoring import MonitorService
 from streams.probes import ShutdownBudget
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
+    BatchConsumers,
     DatabaseProbe,
     DatabaseService,
     GracefulShutdown,
@@ -82,11 +85,20 @@ class WorkerParts:
     shutdown: GracefulShutdown
 
 
+# The kinds whose agents take their batches straight from Kafka (``streams.consumer``): the
+# hot path, where faust's per-message delivery was the cost (ops/decisions/batch-consumer.md).
+# The others stay faust apps.
+BATCH_CONSUMER_KINDS = frozenset({"sealer", "memory", "conversation"})
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """What every worker of a kind opens once and closes at stop."""
+    """What every worker of a kind opens once and closes at stop. Its agents consume through
+    either a faust app or the batch consumers, never both."""
 
-    app: faust.App
+    kind: str
+    app: faust.App | None
+    consumers: BatchConsumers | None
     pool: AsyncConnectionPool[Conn]
     publisher: KafkaPublisher
     services: list[Service]
@@ -97,7 +109,14 @@ class Resources:
 
     def parts(self, metrics: Metrics, settings: Settings, services: list[Service]) -> WorkerParts:
         budget = ShutdownBudget(settings.shutdown_timeout_seconds)
-        shutdown = GracefulShutdown(self.state, self.loops, self.app, budget)
+        if self.consumers is not None:
+            # Last: it starts once everything its agents use has started, and stops first.
+            services = [*services, self.consumers]
+            commit: Callable[[], Awaitable[object]] = self.consumers.commit
+        else:
+            assert self.app is not None
+            commit = GracefulShutdown.faust_commit(self.app, self.state)
+        shutdown = GracefulShutdown(self.state, self.loops, commit, budget)
         return WorkerParts(self.app, services, metrics, shutdown)
 
 
@@ -117,18 +136,25 @@ def probe_service(settings: Settings, metrics: Metrics, kind: str, state: Worker
 def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
     publisher = KafkaPublisher(settings.kafka)
-    app = build_app(settings, kind)
-    stop = StopOnce(app.crash)
-    state = WorkerState(stop, in_group=True)
-    app.on_partitions_revoked.connect(state.on_partitions_revoked)
-    app.on_partitions_assigned.connect(state.on_partitions_assigned)
+    app: faust.App | None = None
+    consumers: BatchConsumers | None = None
+    if kind in BATCH_CONSUMER_KINDS:
+        consumers = BatchConsumers()
+        stop = consumers.stop_once
+        state = WorkerState(stop, in_group=True)
+    else:
+        app = build_app(settings, kind)
+        stop = StopOnce(app.crash)
+        state = WorkerState(stop, in_group=True)
+        app.on_partitions_revoked.connect(state.on_partitions_revoked)
+        app.on_partitions_assigned.connect(state.on_partitions_assigned)
     services: list[Service] = [
         # First: it starts before the others and stops after them (mode stops in reverse).
         probe_service(settings, metrics, kind, state),
         DatabaseService(pool),
         PublisherService(publisher),
     ]
-    return Resources(app, pool, publisher, services, stop, state, [])
+    return Resources(kind, app, consumers, pool, publisher, services, stop, state, [])
 
 
 def add_agent(
@@ -144,7 +170,13 @@ def add_agent(
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     parts.loops.append(loop)
-    add_batch_agent(parts.app, agent_name, topic_names, loop)
+    if parts.consumers is not None:
+        consumer = settings.group_consumer(parts.kind)
+        source = KafkaBatchSource(settings.kafka, topic_names, consumer, parts.state)
+        parts.consumers.add(loop, source)
+    else:
+        assert parts.app is not None
+        add_batch_agent(parts.app, agent_name, topic_names, loop)
 
 
 def build_projection_worker(

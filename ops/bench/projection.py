@@ -47,7 +47,7 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
-from pipeline import projection_apply, stages_alone  # ops/bench/pipeline.py
+from pipeline import produce, projection_apply, stages_alone  # ops/bench/pipeline.py
 
 from projections.memory.reducer import reduce_batch
 from projections.migrate import migrate
@@ -94,7 +94,11 @@ def prepare_schema(base: Settings, settings: Settings, schema: str) -> None:
     asyncio.run(run())
 
 
-def raw_consume(settings: Settings, count: int) -> float:
+def raw_consume(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
+    """Reads the stream from a topic of its own: the live pipeline's raw input is deleted
+    once sealed (issue 15), so it cannot be read again."""
+    count = len(messages)
+    produce(settings, messages)
     topic = settings.topics.name(MEMORY_EVENTS)
     ends = end_offsets(settings.kafka_bootstrap, topic)
     consumer = Consumer(
@@ -215,6 +219,8 @@ def main() -> None:
     environments = (settings, stages_settings)
     for environment in environments:
         create_topics(environment.kafka_bootstrap, environment.topics, ALL_TOPICS)
+    raw_settings = baselines[0][0]  # the raw consume's own topic
+    create_topics(raw_settings.kafka_bootstrap, raw_settings.topics, [MEMORY_EVENTS])
     prepare_schema(base, settings, schema)
     prepare_schema(base, stages_settings, stages_schema)
     for baseline_settings, baseline_schema in baselines:
@@ -238,8 +244,8 @@ def main() -> None:
         rebuild = asyncio.run(
             replay_projection(settings, memory_projection(settings), swap="never")
         )
-        consume_seconds = raw_consume(settings, count)
-        noop_rate, noop_cpu = faust_noop(settings, count)
+        consume_seconds = raw_consume(raw_settings, messages)
+        noop_rate, noop_cpu = faust_noop(raw_settings, count)
         upsert_seconds.append(bare_upsert(baselines[1][0].postgres_dsn, rows, upsert_cpu[1]))
     finally:
         with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
@@ -249,7 +255,8 @@ def main() -> None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
         delete_topics(
             base.kafka_bootstrap,
-            [e.topics.name(spec) for e in environments for spec in ALL_TOPICS],
+            [e.topics.name(spec) for e in environments for spec in ALL_TOPICS]
+            + [raw_settings.topics.name(MEMORY_EVENTS)],
         )
 
     applied = count - 1  # the warm-up event is applied before any clock starts
