@@ -1,5 +1,6 @@
-"""The live pipeline under the benchmark: ``memproj worker sealer`` and ``memproj worker
-memory`` processes, timed together or one stage at a time. Used by ops/bench/projection.py."""
+"""The workers under the benchmark: ``memproj worker KIND`` processes of one benchmark
+environment, and the live pipeline (``sealer`` and ``memory``) timed together or one stage
+at a time. The shared base of ops/bench/projection.py and its parts."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any
 import psycopg
 from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
-from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
+from cpu_time import CpuMeter, StackProcesses  # ops/bench/cpu_time.py, beside this script
+from rss import PeakRss  # ops/bench/rss.py
 
 from streams.kafka import admin_config, producer_config
 from streams.progress import wait_caught_up, wait_pipeline
@@ -24,6 +26,7 @@ from streams.settings import Settings
 from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
 
 REPO = Path(__file__).resolve().parents[2]
+NO_CONSUMER_GROUP = frozenset({"monitor"})  # it reads lag and audits; it consumes nothing
 
 
 def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
@@ -41,38 +44,77 @@ def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]
     return time.perf_counter() - started
 
 
-class Workers:
-    """``memproj worker sealer`` and ``memproj worker memory`` processes for one benchmark
-    environment, stopped (SIGTERM) when the block ends."""
+def pipeline_kinds(memory_workers: int) -> list[str]:
+    """The live memory pipeline: the sealer, then ``memory_workers`` memory workers reading
+    the sealed log the sealer writes."""
+    return ["sealer"] + ["memory"] * memory_workers
 
-    def __init__(self, settings: Settings, log_path: Path, memory_workers: int) -> None:
+
+class Workers:
+    """``memproj worker KIND`` processes for one benchmark environment, stopped (SIGTERM)
+    when the block ends. More can join (``start``) and leave (``stop``) on the way."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_path: Path,
+        kinds: list[str],
+        peak_rss: PeakRss | None = None,
+    ) -> None:
         self.settings = settings
         self.log_path = log_path
-        self.kinds = ["sealer"] + ["memory"] * memory_workers  # memory reads the sealed log
-        environment = dict(os.environ)
-        environment.update(settings.as_environment())
+        self.peak_rss = peak_rss
+        self.environment = {**os.environ, **settings.as_environment()}
+        self.kinds: list[str] = []
         self.processes: list[subprocess.Popen[bytes]] = []
-        for number, kind in enumerate(self.kinds):
-            with log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
-                self.processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "streams", "worker", kind],
-                        env=environment,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=REPO,
-                    )
-                )
+        self.stopped: set[int] = set()  # indexes of the workers that left on purpose
+        for kind in kinds:
+            self.start(kind)
+
+    def start(self, kind: str) -> int:
+        """Start one more worker of ``kind``; its index in ``processes``."""
+        number = len(self.processes)
+        with self.log_path.with_suffix(f".{kind}.{number}.log").open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "streams", "worker", kind],
+                env=self.environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        self.kinds.append(kind)
+        self.processes.append(process)
+        if self.peak_rss is not None:
+            self.peak_rss.watch(process.pid, kind)
+        return number
+
+    def stop(self, number: int) -> None:
+        """One worker leaves gracefully (SIGTERM: it commits and leaves its group)."""
+        process = self.processes[number]
+        self.stopped.add(number)
+        if self.peak_rss is not None:
+            self.peak_rss.sample([process.pid])
+        process.terminate()
+        process.wait(60)
+
+    def running(self, kind: str) -> list[int]:
+        return [
+            number
+            for number, (named, process) in enumerate(zip(self.kinds, self.processes, strict=True))
+            if named == kind and number not in self.stopped and process.poll() is None
+        ]
 
     def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self.peak_rss is not None:
+            self.peak_rss.sample([process.pid for process in self.processes])
         for process in self.processes:
             process.send_signal(signal.SIGCONT)
             process.terminate()
         for process in self.processes:
-            process.wait(30)
+            process.wait(60)
 
     def pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
@@ -94,7 +136,7 @@ class Workers:
 
         async def caught_up() -> None:
             bootstrap = settings.kafka_bootstrap
-            async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
+            async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
                 if stage == "pipeline":
                     await wait_pipeline(
                         conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
@@ -107,7 +149,11 @@ class Workers:
             waiting = asyncio.ensure_future(caught_up())
             while not waiting.done():
                 await asyncio.wait((waiting,), timeout=0.5)
-                for kind, process in zip(self.kinds, self.processes, strict=True):
+                for number, (kind, process) in enumerate(
+                    zip(self.kinds, self.processes, strict=True)
+                ):
+                    if number in self.stopped:
+                        continue
                     if process.poll() is not None and not waiting.done():
                         waiting.cancel()
                         raise RuntimeError(f"the {kind} worker exited: see {self.log_path}.*")
@@ -119,8 +165,8 @@ class Workers:
         """Every worker has joined its group and applied a batch before any clock starts."""
         produce(self.settings, messages[:1])
         self.wait("pipeline")
-        for kind in set(self.kinds):
-            self.wait_until_stable(kind, self.kinds.count(kind))
+        for kind in set(self.kinds) - NO_CONSUMER_GROUP:
+            self.wait_until_stable(kind, len(self.running(kind)))
 
     def wait_until_stable(self, kind: str, members: int, deadline_seconds: float = 120) -> None:
         """Until ``kind``'s group is stable with ``members`` members, each one assigned
@@ -145,8 +191,10 @@ class Workers:
             time.sleep(0.1)
 
 
-def timed(workers: Workers, run: Callable[[], None]) -> tuple[float, CpuMeter]:
-    meter = CpuMeter(workers.pids())
+def timed(
+    workers: Workers, stack: StackProcesses | None, run: Callable[[], None]
+) -> tuple[float, CpuMeter]:
+    meter = CpuMeter(workers.pids(), stack)
     meter.start()
     started = time.perf_counter()
     run()
@@ -156,30 +204,40 @@ def timed(workers: Workers, run: Callable[[], None]) -> tuple[float, CpuMeter]:
 
 
 def projection_apply(
-    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+    settings: Settings,
+    messages: list[Any],
+    log_path: Path,
+    memory_workers: int,
+    stack: StackProcesses | None = None,
+    peak_rss: PeakRss | None = None,
 ) -> tuple[float, CpuMeter]:
     """The live pipeline: from the first produced event to the last committed row."""
-    with Workers(settings, log_path, memory_workers) as workers:
+    with Workers(settings, log_path, pipeline_kinds(memory_workers), peak_rss) as workers:
         workers.warm_up(messages)
 
         def produce_and_apply() -> None:
             produce(settings, messages[1:])
             workers.wait("pipeline")
 
-        return timed(workers, produce_and_apply)
+        return timed(workers, stack, produce_and_apply)
 
 
 def stages_alone(
-    settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
+    settings: Settings,
+    messages: list[Any],
+    log_path: Path,
+    memory_workers: int,
+    stack: StackProcesses | None = None,
+    peak_rss: PeakRss | None = None,
 ) -> tuple[tuple[float, CpuMeter], tuple[float, CpuMeter]]:
     """Each stage of the live pipeline on its own: the sealer from the raw topic while the
     memory workers are paused (SIGSTOP), then the memory workers from the sealed log the
     sealer wrote. The memory projection's own rate, from its input topic to committed rows."""
-    with Workers(settings, log_path, memory_workers) as workers:
+    with Workers(settings, log_path, pipeline_kinds(memory_workers), peak_rss) as workers:
         workers.warm_up(messages)
         workers.signal_memory_workers(signal.SIGSTOP)
         produce(settings, messages[1:])
-        sealer = timed(workers, lambda: workers.wait("sealer"))
+        sealer = timed(workers, stack, lambda: workers.wait("sealer"))
         workers.signal_memory_workers(signal.SIGCONT)
-        memory = timed(workers, lambda: workers.wait("memory"))
+        memory = timed(workers, stack, lambda: workers.wait("memory"))
         return sealer, memory

@@ -1,33 +1,40 @@
-"""Memory projection apply rate, beside its baselines, measured in one run.
+"""Memory projection apply rate, beside its baselines, and every target of issue 17, in one run.
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
+        [--no-stages] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
 - raw consume: a confluent-kafka consumer reading the topic (no parsing): the broker's ceiling;
 - bare upsert: the projection's resulting rows (current record upsert + history insert)
   written with psycopg ``executemany`` in pipeline mode, 1000 rows per transaction, rows built
-  before the clock starts: PostgreSQL's ceiling for this work, with no Kafka, faust, decoding
-  or reducing. It runs first and again last, each time into an empty schema, and the ratios
-  use the mean of the two: on a shared machine the load drifts over a run;
-- faust no-op agent: the same faust app and ``noack_take`` loop, acknowledging only: the
-  ceiling faust's own per-event machinery puts on any agent;
-- rebuild from earliest: ``memproj replay memory`` of the same sealed log into a shadow schema
-  (the same runner, reducer and guard, read with a plain confluent-kafka consumer);
-- projection apply: ``memproj worker sealer`` then ``memproj worker memory`` (faust agents,
-  sealing, decode, reduce, one transaction per batch, outbox publish, offsets acknowledged),
-  from the first produced event to the last committed row;
-- each stage of it alone, in a second environment: the sealer from the raw topic while the
-  memory workers are paused, then the memory workers from the sealed log the sealer wrote
-  (the memory projection's own rate from its input topic).
+  before the clock starts: PostgreSQL's ceiling for this work, with no Kafka, workers,
+  decoding or reducing. It runs first and again last, each time into an empty schema, and the
+  ratios use the mean of the two: on a shared machine the load drifts over a run;
+- faust no-op agent: memproj's faust app and a ``noack_take`` loop, acknowledging only: what
+  faust's per-event machinery costs the agents that still run on it;
+- projection apply: ``memproj worker sealer`` then ``memproj worker memory`` (sealing, decode,
+  reduce, one transaction per batch, outbox publish, offsets committed), from the first
+  produced event to the last committed row;
+- each stage of it alone, in an environment of its own: the sealer from the raw topic while
+  the memory workers are paused, then the memory workers from the sealed log the sealer wrote
+  (the memory projection's own rate from its input topic);
+- rebuild from earliest: ``memproj replay memory`` of the live apply's sealed log into a
+  shadow schema (the same runner, reducer and guard, read with a plain consumer);
+- freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
+  rate, in an environment running the pipeline, the deletion worker, the four store workers
+  and the monitor;
+- scale-out (scale_out.py): memory workers join and leave during an apply of the same stream;
+  its checksum against the live apply's, and the rebalance pauses;
+- every worker's peak RSS through all of it (rss.py).
 
 Rates are events/s of the same stream, so the ratios compare like with like. The machine is
 shared and noisy: read the ratios, not the absolute numbers. Needs ``ops/stack up``.
 
-Beside the rates it reports CPU time per event of each process involved (the workers, the
-PostgreSQL server processes and the broker, from /proc, when the native stack runs them), for
-the live apply and for the bare upsert: on a machine with few cores the ratio is set by how
-much CPU each path spends per event, and this says where it goes.
+Beside the rates it reports CPU time per event of each process involved (cpu_time.py: the
+workers, this run's PostgreSQL backends and the server's shared processes, the broker), for
+the live apply and for the bare upsert, and the ratio of their totals: on a machine with few
+cores the rate is set by how much CPU each path spends per event.
 """
 
 from __future__ import annotations
@@ -46,52 +53,34 @@ from typing import Any
 import orjson
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
-from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
-from pipeline import produce, projection_apply, stages_alone  # ops/bench/pipeline.py
+
+# ops/bench/*.py, beside this script
+from cpu_time import CpuMeter, StackProcesses, total
+from environment import application_prefix, drop, isolated, prepare
+from erasure_load import STORE_WORKERS, measure_erasure_under_load
+from erasure_load import TARGET_P99_MS as ERASURE_TARGET_MS
+from freshness import TARGET_P99_MS as FRESHNESS_TARGET_MS
+from freshness import Freshness, measure_freshness, versions_made
+from pipeline import Workers, pipeline_kinds, produce, projection_apply, stages_alone
+from rss import LIMIT_MB as RSS_LIMIT_MB
+from rss import PeakRss
+from scale_out import measure_scale_out
 
 from projections.memory.reducer import reduce_batch
-from projections.migrate import migrate
-from streams.kafka import consumer_config, create_topics, delete_topics
+from projections.memory.store import checksums
+from streams.kafka import consumer_config
 from streams.progress import end_offsets
 from streams.replay import replay_projection
 from streams.runtime import tune_garbage_collection
-from streams.sample import sample_memory_stream
+from streams.sample import SampleMessage, sample_memory_stream
 from streams.settings import Settings
 from streams.worker import memory_projection
 from topics.codec import EventCodec, InvalidMessage
-from topics.registry import ALL_TOPICS, MEMORY_EVENTS
+from topics.registry import MEMORY_EVENTS
 from topics.schemas import default_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ops" / "bench" / "results"
-
-
-def isolated(base: Settings, name: str) -> tuple[Settings, str]:
-    schema = f"bench_{name}"
-    sep = "&" if "?" in base.postgres_dsn else "?"
-    dsn = f"{base.postgres_dsn}{sep}options=-csearch_path%3D{schema}"
-    return (
-        base.model_copy(
-            update={
-                "topic_prefix": f"bench{name}.",
-                "group_prefix": f"bench-{name}",
-                "postgres_dsn": dsn,
-                "metrics_port": 0,
-            }
-        ),
-        schema,
-    )
-
-
-def prepare_schema(base: Settings, settings: Settings, schema: str) -> None:
-    with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-            await migrate(conn)
-
-    asyncio.run(run())
 
 
 def raw_consume(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
@@ -169,8 +158,10 @@ def baseline_rows(messages: list[tuple[bytes | None, bytes | None]]) -> list[tup
     return rows
 
 
-def bare_upsert(dsn: str, rows: list[tuple[Any, Any]], meter: CpuMeter, chunk: int = 1000) -> float:
-    with psycopg.connect(dsn) as conn:
+def bare_upsert(
+    settings: Settings, rows: list[tuple[Any, Any]], meter: CpuMeter, chunk: int = 1000
+) -> float:
+    with psycopg.connect(settings.postgres_conninfo) as conn:
         meter.start()
         started = time.perf_counter()
         for start in range(0, len(rows), chunk):
@@ -207,119 +198,354 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memories", type=int, default=40_000)
     parser.add_argument("--workers", type=int, default=1, help="memory worker processes")
+    parser.add_argument("--no-stages", action="store_true", help="skip each stage alone")
+    parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
+    parser.add_argument("--no-freshness", action="store_true", help="skip freshness")
+    parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
+    parser.add_argument("--no-scale-out", action="store_true", help="skip the scale-out")
+    parser.add_argument("--load-seconds", type=float, default=20.0, help="freshness, erasure")
+    parser.add_argument("--erasures", type=int, default=20, help="erasures under load (≤ 25)")
     args = parser.parse_args()
 
     base = Settings()
-    name = uuid.uuid4().hex[:8]
-    settings, schema = isolated(base, name)
-    stages_settings, stages_schema = isolated(base, name + "_stages")
+    run = uuid.uuid4().hex[:8]
+    live = isolated(base, run, "")
+    stages = isolated(base, run, "stages")
     # The memory workers stay paused while the sealer runs alone: no eviction from the group.
-    stages_settings = stages_settings.model_copy(update={"kafka_session_timeout_seconds": 60.0})
-    baselines = [isolated(base, f"{name}_base{n}") for n in (1, 2)]
-    environments = (settings, stages_settings)
-    for environment in environments:
-        create_topics(environment.kafka_bootstrap, environment.topics, ALL_TOPICS)
-    raw_settings = baselines[0][0]  # the raw consume's own topic
-    create_topics(raw_settings.kafka_bootstrap, raw_settings.topics, [MEMORY_EVENTS])
-    prepare_schema(base, settings, schema)
-    prepare_schema(base, stages_settings, stages_schema)
-    for baseline_settings, baseline_schema in baselines:
-        prepare_schema(base, baseline_settings, baseline_schema)
+    stages.settings = stages.settings.model_copy(update={"kafka_session_timeout_seconds": 60.0})
+    baselines = [isolated(base, run, f"base{n}") for n in (1, 2)]
+    fresh = isolated(base, run, "fresh")
+    load = isolated(base, run, "load")
+    scale = isolated(base, run, "scale")
+    environments = [live, stages, *baselines, fresh, load, scale]
+    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
+    if stack.missing:
+        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
     messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
     count = len(messages)
     rows = baseline_rows(messages)
-    upsert_cpu = (CpuMeter(), CpuMeter())
+    upsert_cpu = (CpuMeter(stack=stack), CpuMeter(stack=stack))
     upsert_seconds: list[float] = []
     RESULTS.mkdir(parents=True, exist_ok=True)
+    peak_rss = PeakRss()
     rebuild = None
+    parts: dict[str, Any] = {}
     try:
-        upsert_seconds.append(bare_upsert(baselines[0][0].postgres_dsn, rows, upsert_cpu[0]))
+        for environment in (live, stages, fresh, load, scale):
+            prepare(base, environment)
+        prepare(base, baselines[0], [MEMORY_EVENTS])  # the raw consume's own topic
+        prepare(base, baselines[1], [])
+        upsert_seconds.append(bare_upsert(baselines[0].settings, rows, upsert_cpu[0]))
         apply_seconds, apply_cpu = projection_apply(
-            settings, messages, RESULTS / f"worker-{name}.log", args.workers
+            live.settings, messages, RESULTS / f"worker-{run}-apply", args.workers, stack, peak_rss
         )
-        (sealer_seconds, sealer_cpu), (memory_seconds, memory_cpu) = stages_alone(
-            stages_settings, messages, RESULTS / f"stages-{name}.log", args.workers
-        )
-        tune_garbage_collection()  # as ``memproj replay`` does
-        rebuild = asyncio.run(
-            replay_projection(settings, memory_projection(settings), swap="never")
-        )
+        apply_rate = (count - 1) / apply_seconds  # the warm-up event is applied untimed
+        no_churn_checksum = projection_checksum(live.settings)
+        if not args.no_stages:
+            parts["stages"] = stages_alone(
+                stages.settings, messages, RESULTS / f"worker-{run}-stages", args.workers, stack
+            )
+        if not args.no_rebuild:
+            tune_garbage_collection()  # as ``memproj replay`` does
+            rebuild = asyncio.run(
+                replay_projection(live.settings, memory_projection(live.settings), swap="never")
+            )
+        half_rate = apply_rate / 2
+        if not args.no_freshness:
+            parts["freshness"] = freshness_alone(
+                fresh.settings, RESULTS / f"worker-{run}-fresh", args, half_rate, peak_rss
+            )
+        if not (args.no_freshness and args.no_erasure):
+            parts.update(
+                under_load(load.settings, RESULTS / f"worker-{run}-load", args, half_rate, peak_rss)
+            )
+        if not args.no_scale_out:
+            parts["scale_out"] = measure_scale_out(
+                scale.settings,
+                messages,
+                RESULTS / f"worker-{run}-scale",
+                args.workers,
+                # slow enough that the joins and the leave happen well inside the apply
+                min(half_rate, count / 30),
+                no_churn_checksum,
+                projection_checksum,
+                peak_rss,
+            )
+        raw_settings = baselines[0].settings  # the raw consume's own topic
         consume_seconds = raw_consume(raw_settings, messages)
         noop_rate, noop_cpu = faust_noop(raw_settings, count)
-        upsert_seconds.append(bare_upsert(baselines[1][0].postgres_dsn, rows, upsert_cpu[1]))
+        upsert_seconds.append(bare_upsert(baselines[1].settings, rows, upsert_cpu[1]))
     finally:
-        with psycopg.connect(base.postgres_dsn, autocommit=True) as conn:
-            for dropped in (schema, stages_schema, *(named for _, named in baselines)):
-                conn.execute(f"DROP SCHEMA IF EXISTS {dropped} CASCADE")
-            if rebuild is not None:
-                conn.execute(f"DROP SCHEMA IF EXISTS {rebuild.shadow} CASCADE")
-        delete_topics(
-            base.kafka_bootstrap,
-            [e.topics.name(spec) for e in environments for spec in ALL_TOPICS]
-            + [raw_settings.topics.name(MEMORY_EVENTS)],
-        )
+        peak_rss.close()
+        drop(base, environments, [rebuild.shadow] if rebuild is not None else [])
 
-    applied = count - 1  # the warm-up event is applied before any clock starts
-    apply_rate = applied / apply_seconds
-    sealer_rate = applied / sealer_seconds
-    memory_rate = applied / memory_seconds
-    rebuild_rate = rebuild.rate
     upsert_rates = [count / seconds for seconds in upsert_seconds]
     upsert_rate = sum(upsert_rates) / len(upsert_rates)
     consume_rate = count / consume_seconds
-    result = {
+    applied = count - 1
+    apply_per_event = apply_cpu.per_event(applied)
+    upsert_per_event = _mean_per_event(upsert_cpu, count)
+    result: dict[str, Any] = {
         "events": count,
         "rows_written": len(rows) * 2,
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
         "raw_consume_events_per_s": round(consume_rate),
         "bare_upsert_events_per_s": round(upsert_rate),
         "bare_upsert_first_and_last_events_per_s": [round(rate) for rate in upsert_rates],
         "faust_noop_agent_events_per_s": round(noop_rate),
         "projection_apply_events_per_s": round(apply_rate),
-        "sealer_alone_events_per_s": round(sealer_rate),
-        "memory_projection_alone_events_per_s": round(memory_rate),
         "apply_vs_bare_upsert": round(apply_rate / upsert_rate, 2),
-        "memory_projection_alone_vs_bare_upsert": round(memory_rate / upsert_rate, 2),
         "apply_vs_raw_consume": round(apply_rate / consume_rate, 3),
         "apply_vs_faust_noop": round(apply_rate / noop_rate, 2),
-        "rebuild_from_earliest_events_per_s": round(rebuild_rate),
-        "rebuild_vs_apply": round(rebuild_rate / apply_rate, 2),
-        "workers": args.workers,
-        "cpus": os.cpu_count(),
-        "apply_cpu_us_per_event": apply_cpu.per_event(applied),
-        "sealer_alone_cpu_us_per_event": sealer_cpu.per_event(applied),
-        "memory_projection_alone_cpu_us_per_event": memory_cpu.per_event(applied),
-        "bare_upsert_cpu_us_per_event": _mean_per_event(upsert_cpu, count),
+        "apply_cpu_us_per_event": apply_per_event,
+        "bare_upsert_cpu_us_per_event": upsert_per_event,
+        "apply_cpu_total_us_per_event": total(apply_per_event),
+        "bare_upsert_cpu_total_us_per_event": total(upsert_per_event),
+        "apply_vs_bare_upsert_cpu_per_event": round(
+            total(apply_per_event) / total(upsert_per_event), 2
+        ),
+        "cpu_not_counted": stack.missing,
         "faust_noop_agent_cpu_us_per_event": round(noop_cpu, 1),
+        "peak_rss_mb": peak_rss.by_kind(),
+        "peak_rss_limit_mb": RSS_LIMIT_MB,
     }
+    if "stages" in parts:
+        (sealer_seconds, sealer_cpu), (memory_seconds, memory_cpu) = parts["stages"]
+        result["sealer_alone_events_per_s"] = round(applied / sealer_seconds)
+        result["memory_projection_alone_events_per_s"] = round(applied / memory_seconds)
+        result["memory_projection_alone_vs_bare_upsert"] = round(
+            applied / memory_seconds / upsert_rate, 2
+        )
+        result["sealer_alone_cpu_us_per_event"] = sealer_cpu.per_event(applied)
+        result["memory_projection_alone_cpu_us_per_event"] = memory_cpu.per_event(applied)
+    if rebuild is not None:
+        result["rebuild_from_earliest_events_per_s"] = round(rebuild.rate)
+        result["rebuild_vs_apply"] = round(rebuild.rate / apply_rate, 2)
+    for name in ("freshness", "freshness_every_worker", "erasure_under_load", "scale_out"):
+        if name in parts:
+            result[name] = parts[name].as_json()
+    result["targets"] = targets(result)
     (RESULTS / f"projection-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
         json.dumps(result, indent=2)
     )
-    print(f"{count} events ({len(rows)} versions) of the sample stream, one run:")
-    print(f"  raw confluent-kafka consume   {consume_rate:>10,.0f} events/s")
-    print(f"  faust no-op agent             {noop_rate:>10,.0f} events/s")
-    first, last = upsert_rates
-    print(
-        f"  bare pipelined upsert         {upsert_rate:>10,.0f} events/s"
-        f" (mean of {first:,.0f} first and {last:,.0f} last)"
-    )
-    print(f"  projection apply (pipeline)   {apply_rate:>10,.0f} events/s")
-    print(f"    sealer alone                {sealer_rate:>10,.0f} events/s")
-    print(f"    memory projection alone     {memory_rate:>10,.0f} events/s")
-    print(f"  rebuild from earliest         {rebuild_rate:>10,.0f} events/s")
-    print(f"  apply / bare upsert           {apply_rate / upsert_rate:>10.2f}")
-    print(f"  memory alone / bare upsert    {memory_rate / upsert_rate:>10.2f}")
-    print(f"  rebuild / live apply          {rebuild_rate / apply_rate:>10.2f}")
-    print(f"  apply / raw consume           {apply_rate / consume_rate:>10.3f}")
-    print(f"  apply / faust no-op agent     {apply_rate / noop_rate:>10.2f}")
-    print(f"  CPU µs per event, faust no-op agent: {noop_cpu:.0f}")
-    for label, spent in (
-        ("live apply", result["apply_cpu_us_per_event"]),
-        ("sealer alone", result["sealer_alone_cpu_us_per_event"]),
-        ("memory projection alone", result["memory_projection_alone_cpu_us_per_event"]),
-        ("bare upsert", result["bare_upsert_cpu_us_per_event"]),
+    report(result, len(rows))
+
+
+def load_stream(rate: float, seconds: float, phases: int) -> list[SampleMessage]:
+    """A sample stream of its own (the run's stream's memory ids are taken), long enough for
+    ``phases`` paced phases of ``seconds`` at ``rate``: about 1.8 events per memory."""
+    needed = int(rate * seconds * phases * 1.2) + 1000
+    return list(sample_memory_stream(needed * 10 // 16, 8, seed=5))
+
+
+def freshness_alone(
+    settings: Settings, log_path: Path, args: argparse.Namespace, rate: float, peak_rss: PeakRss
+) -> Freshness:
+    """Freshness with only the pipeline running: the condition its maximum rate was measured
+    in."""
+    stream = load_stream(rate, args.load_seconds, 1)
+    messages = [(m.key, m.value) for m in stream]
+    with Workers(settings, log_path, pipeline_kinds(args.workers), peak_rss) as workers:
+        workers.warm_up(messages)
+        made = versions_made(stream[1:])
+        return measure_freshness(settings, messages[1:], made, rate, args.load_seconds)[0]
+
+
+def under_load(
+    settings: Settings,
+    log_path: Path,
+    args: argparse.Namespace,
+    rate: float,
+    peak_rss: PeakRss,
+) -> dict[str, Any]:
+    """Freshness, then erasure under load, in one environment running every worker a memory
+    erasure needs (and the monitor), each at ``rate`` for ``args.load_seconds``."""
+    measured: dict[str, Any] = {}
+    stream = load_stream(rate, args.load_seconds, 2)
+    messages = [(m.key, m.value) for m in stream]
+    kinds = pipeline_kinds(args.workers) + list(STORE_WORKERS) + ["monitor"]
+    with Workers(settings, log_path, kinds, peak_rss) as workers:
+        workers.warm_up(messages)
+        produced = 1
+        if not args.no_freshness:
+            freshness, produced_now = measure_freshness(
+                settings, messages[1:], versions_made(stream[1:]), rate, args.load_seconds
+            )
+            measured["freshness_every_worker"] = freshness
+            produced += produced_now
+        if not args.no_erasure:
+            subjects = [(f"tenant_{n % 8}", f"user_{n}") for n in range(min(args.erasures, 25))]
+            measured["erasure_under_load"] = measure_erasure_under_load(
+                settings, messages[produced:], subjects, rate, args.load_seconds
+            )
+    return measured
+
+
+def projection_checksum(settings: Settings) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
+            return dict(await checksums(conn))
+
+    return asyncio.run(run())
+
+
+def targets(result: dict[str, Any]) -> dict[str, bool | None]:
+    """Issue 17's targets, met or not (None: not measured in this run)."""
+    freshness = result.get("freshness")
+    freshness_loaded = result.get("freshness_every_worker")
+    erasure = result.get("erasure_under_load")
+    scale = result.get("scale_out")
+    rebuild = result.get("rebuild_vs_apply")
+    return {
+        "live apply >= 0.5x bare upsert": result["apply_vs_bare_upsert"] >= 0.5,
+        "CPU per event <= 2x bare upsert": result["apply_vs_bare_upsert_cpu_per_event"] <= 2.0,
+        "freshness p99 <= 300 ms": None
+        if freshness is None or freshness["p99_ms"] is None
+        else freshness["p99_ms"] <= FRESHNESS_TARGET_MS,
+        "freshness p99 <= 300 ms, every worker": None
+        if freshness_loaded is None or freshness_loaded["p99_ms"] is None
+        else freshness_loaded["p99_ms"] <= FRESHNESS_TARGET_MS,
+        "erasure under load p99 <= 2 s": None
+        if erasure is None
+        else erasure["completed"] == erasure["requested"]
+        and erasure["completed_p99_ms"] is not None
+        and erasure["completed_p99_ms"] <= ERASURE_TARGET_MS,
+        "rebuild >= 2x live apply": None if rebuild is None else rebuild >= 2.0,
+        "every worker's RSS <= 300 MB": all(
+            peak <= RSS_LIMIT_MB for peak in result["peak_rss_mb"].values()
+        ),
+        "scale-out: same checksum": None
+        if scale is None
+        else bool(scale["same_checksum_as_live_apply"]),
+    }
+
+
+def report(result: dict[str, Any], versions: int) -> None:
+    """The run as a table, in the order of issue 17's targets."""
+    count = result["events"]
+    print(f"{count} events ({versions} versions) of the sample stream, one run:")
+    rate = result["bare_upsert_events_per_s"]
+    first, last = result["bare_upsert_first_and_last_events_per_s"]
+    lines = [
+        ("raw confluent-kafka consume", f"{result['raw_consume_events_per_s']:>10,} events/s"),
+        ("faust no-op agent", f"{result['faust_noop_agent_events_per_s']:>10,} events/s"),
+        (
+            "bare pipelined upsert",
+            f"{rate:>10,} events/s (mean of {first:,} first and {last:,} last)",
+        ),
+        ("projection apply (pipeline)", f"{result['projection_apply_events_per_s']:>10,} events/s"),
+    ]
+    if "sealer_alone_events_per_s" in result:
+        lines += [
+            ("  sealer alone", f"{result['sealer_alone_events_per_s']:>10,} events/s"),
+            (
+                "  memory projection alone",
+                f"{result['memory_projection_alone_events_per_s']:>10,} events/s",
+            ),
+        ]
+    if "rebuild_from_earliest_events_per_s" in result:
+        lines.append(
+            (
+                "rebuild from earliest",
+                f"{result['rebuild_from_earliest_events_per_s']:>10,} events/s",
+            )
+        )
+    lines += [
+        ("apply / bare upsert", f"{result['apply_vs_bare_upsert']:>10.2f}   (target >= 0.5)"),
+        (
+            "CPU per event, apply / bare upsert",
+            f"{result['apply_vs_bare_upsert_cpu_per_event']:>10.2f}   (target <= 2;"
+            f" {result['apply_cpu_total_us_per_event']:.0f} against"
+            f" {result['bare_upsert_cpu_total_us_per_event']:.0f} µs)",
+        ),
+    ]
+    if "memory_projection_alone_vs_bare_upsert" in result:
+        lines.append(
+            (
+                "memory alone / bare upsert",
+                f"{result['memory_projection_alone_vs_bare_upsert']:>10.2f}",
+            )
+        )
+    if "rebuild_vs_apply" in result:
+        lines.append(
+            ("rebuild / live apply", f"{result['rebuild_vs_apply']:>10.2f}   (target >= 2)")
+        )
+    lines += [
+        ("apply / raw consume", f"{result['apply_vs_raw_consume']:>10.3f}"),
+        ("apply / faust no-op agent", f"{result['apply_vs_faust_noop']:>10.2f}"),
+    ]
+    for key, label in (
+        ("freshness", "freshness, produced -> recall"),
+        ("freshness_every_worker", "  the same, every worker running"),
     ):
-        parts = ", ".join(f"{who} {us:.0f}" for who, us in spent.items())
-        print(f"  CPU µs per event, {label}: {parts}")
+        if key in result:
+            f = result[key]
+            lines.append(
+                (
+                    label,
+                    f"p50 {_ms(f['p50_ms'])}, p99 {_ms(f['p99_ms'])} (target p99 <= 300) at"
+                    f" {f['rate_events_per_s']:,} events/s, {f['visible']} of {f['sampled']}"
+                    " samples",
+                )
+            )
+    if "erasure_under_load" in result:
+        e = result["erasure_under_load"]
+        lines.append(
+            (
+                "erasure under load, -> every store",
+                f"p50 {_ms(e['completed_p50_ms'])}, p99 {_ms(e['completed_p99_ms'])}"
+                f" (target p99 <= 2000) at {e['ingest_rate_events_per_s']:,} events/s,"
+                f" {e['completed']} of {e['requested']} completed (waiting up to"
+                f" {e['waited_s']:.0f} s after the load)",
+            )
+        )
+        slowest = ", ".join(
+            f"{store} {_ms(ms)}" for store, ms in e["store_acknowledged_p99_ms"].items()
+        )
+        lines.append(("  p99 per store acknowledged", slowest))
+    for label, text in lines:
+        print(f"  {label:<36} {text}")
+    print(
+        f"  CPU µs per event, faust no-op agent: {result['faust_noop_agent_cpu_us_per_event']:.0f}"
+    )
+    for label, key in (
+        ("live apply", "apply_cpu_us_per_event"),
+        ("sealer alone", "sealer_alone_cpu_us_per_event"),
+        ("memory projection alone", "memory_projection_alone_cpu_us_per_event"),
+        ("bare upsert", "bare_upsert_cpu_us_per_event"),
+    ):
+        if key in result:
+            spent = result[key]
+            parts = ", ".join(f"{who} {us:.0f}" for who, us in spent.items())
+            print(f"  CPU µs per event, {label}: {parts}; total {total(spent):.0f}")
+    if result["cpu_not_counted"]:
+        print(f"  (not counted: {', '.join(result['cpu_not_counted'])})")
+    peaks = ", ".join(f"{kind} {mb:.0f}" for kind, mb in result["peak_rss_mb"].items())
+    print(f"  peak RSS per worker kind, MB (limit {RSS_LIMIT_MB:.0f}): {peaks}")
+    if "scale_out" in result:
+        scale = result["scale_out"]
+        same = "same" if scale["same_checksum_as_live_apply"] else "DIFFERENT"
+        print(
+            f"  scale-out at {scale['rate_events_per_s']:,} events/s: {same} checksum as the"
+            " live apply; longest pause, all partitions / one partition:"
+        )
+        for pause in scale["pauses"]:
+            settled = pause["until_group_stable_s"]
+            stable = "" if settled is None else f", group stable after {settled:.1f} s"
+            print(
+                f"    {pause['what']:<26} {pause['longest_pause_all_partitions_ms']:>6} ms"
+                f" / {pause['longest_pause_one_partition_ms']:>6} ms"
+                f" over {pause['window_s']:.1f} s{stable}"
+            )
+    print("  targets:")
+    for target, met in result["targets"].items():
+        verdict = "not measured" if met is None else ("met" if met else "NOT met")
+        print(f"    {target:<40} {verdict}")
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:,.0f} ms"
 
 
 def _mean_per_event(meters: tuple[CpuMeter, ...], events: int) -> dict[str, float]:

@@ -1,0 +1,192 @@
+"""Erasure under load: deletion requested -> every store acknowledged, while the pipeline
+ingests at half its maximum rate.
+
+Subject erasures go to ``deletion.requests`` the way ``memproj delete subject`` sends them
+(``streams/cli/deletion.py``), with ``occurred_at`` now, so that every sample event about the
+subject (the sample stream's clock is months earlier) is covered. The deletion worker records
+each in the ledger and publishes its tombstone; the store workers (embeddings, summaries,
+cache, context) erase and acknowledge; the ledger marks the request completed once every
+required store has. The latencies are read from the ledger afterwards: the last store's
+``acked_at`` and the request's ``completed_at``, against the moment the request was handed to
+the producer (the same machine's clock).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+from confluent_kafka import Producer
+from environment import Message, PacedProducer, percentile, rounded_ms  # ops/bench/environment.py
+
+from streams.kafka import producer_config
+from streams.sample import iso, to_message
+from streams.settings import Settings
+from topics.registry import DELETION_REQUESTS
+
+TARGET_P99_MS = 2000.0  # issue 17
+STORE_WORKERS = ("deletion", "embeddings", "summaries", "cache", "context")
+
+
+@dataclass(frozen=True)
+class ErasureLatency:
+    deletion_id: str
+    requested: datetime
+    recorded_ms: float | None  # the ledger has the request
+    acknowledged_ms: float | None  # the last required store has acknowledged
+    completed_ms: float | None  # the ledger marked it completed
+    stores_ms: dict[str, float | None]  # each required store's acknowledgement
+
+
+@dataclass(frozen=True)
+class ErasureUnderLoad:
+    rate: float
+    erasures: list[ErasureLatency]
+    deadline_seconds: float  # how long after the last request the benchmark waited
+
+    def _done(self, field: str) -> list[float]:
+        values = (getattr(e, field) for e in self.erasures)
+        return [value for value in values if value is not None]
+
+    def _by_store(self) -> dict[str, list[float]]:
+        stores: dict[str, list[float]] = {}
+        for erasure in self.erasures:
+            for store, acked in erasure.stores_ms.items():
+                if acked is not None:
+                    stores.setdefault(store, []).append(acked)
+        return stores
+
+    def as_json(self) -> dict[str, object]:
+        acknowledged = self._done("acknowledged_ms")
+        completed = self._done("completed_ms")
+        return {
+            "ingest_rate_events_per_s": round(self.rate),
+            "requested": len(self.erasures),
+            "completed": len(completed),
+            "waited_s": self.deadline_seconds,
+            "acknowledged_p50_ms": rounded_ms(percentile(acknowledged, 0.50)),
+            "acknowledged_p99_ms": rounded_ms(percentile(acknowledged, 0.99)),
+            "completed_p50_ms": rounded_ms(percentile(completed, 0.50)),
+            "completed_p99_ms": rounded_ms(percentile(completed, 0.99)),
+            "recorded_p50_ms": rounded_ms(percentile(self._done("recorded_ms"), 0.50)),
+            # which store the wait is for
+            "store_acknowledged_p99_ms": {
+                store: rounded_ms(percentile(acked, 0.99))
+                for store, acked in sorted(self._by_store().items())
+            },
+            "target_p99_ms": TARGET_P99_MS,
+        }
+
+
+def subject_erasure(tenant: str, subject_id: str) -> tuple[str, Message]:
+    deletion_id = f"del-{uuid.uuid4().hex}"
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "event_type": "deletion.requested",
+        "schema_version": 1,
+        "tenant_id": tenant,
+        "occurred_at": iso(datetime.now(UTC)),
+        "actor": {"type": "operator", "id": "memproj-bench"},
+        "payload": {
+            "deletion_id": deletion_id,
+            "target": {"type": "subject", "subject_type": "user", "id": subject_id},
+            "reason": "benchmark: erasure under load",
+        },
+    }
+    return deletion_id, to_message(event)
+
+
+def measure_erasure_under_load(
+    settings: Settings,
+    messages: Sequence[Message],
+    subjects: Sequence[tuple[str, str]],
+    rate: float,
+    seconds: float,
+    deadline_seconds: float = 120.0,
+) -> ErasureUnderLoad:
+    """Ingest ``messages`` at ``rate`` for ``seconds``, erase one of ``subjects`` (tenant,
+    subject id) at even intervals meanwhile, then wait for every erasure to complete."""
+    requests = Producer(producer_config(settings.kafka))
+    topic = settings.topics.name(DELETION_REQUESTS)
+    requested: dict[str, datetime] = {}
+    interval = seconds / (len(subjects) + 1)
+    producer = PacedProducer(settings, messages, rate).start()
+    started = time.monotonic()
+    for number, (tenant, subject_id) in enumerate(subjects, start=1):
+        time.sleep(max(0.0, started + number * interval - time.monotonic()))
+        deletion_id, (key, value) = subject_erasure(tenant, subject_id)
+        requested[deletion_id] = datetime.now(UTC)
+        requests.produce(topic, value, key)
+        requests.poll(0)
+    requests.flush(30)
+    time.sleep(max(0.0, started + seconds - time.monotonic()))
+    producer.stop()
+    ingest_rate = producer.sent / (time.monotonic() - started)
+    ledger = _wait_completed(settings, list(requested), deadline_seconds)
+    latencies = []
+    for deletion_id, moment in requested.items():
+        entry = ledger.get(deletion_id)
+        if entry is None:  # never reached the ledger
+            latencies.append(ErasureLatency(deletion_id, moment, None, None, None, {}))
+            continue
+        acks = entry.acked.values()
+        latencies.append(
+            ErasureLatency(
+                deletion_id,
+                moment,
+                _ms_after(moment, entry.recorded),
+                None if not acks or None in acks else _ms_after(moment, max(a for a in acks if a)),
+                _ms_after(moment, entry.completed),
+                {store: _ms_after(moment, acked) for store, acked in entry.acked.items()},
+            )
+        )
+    return ErasureUnderLoad(ingest_rate, latencies, deadline_seconds)
+
+
+def _ms_after(start: datetime, end: datetime | None) -> float | None:
+    return None if end is None else 1000 * (end - start).total_seconds()
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    recorded: datetime | None
+    completed: datetime | None
+    acked: dict[str, datetime | None]  # per required store
+
+
+def _wait_completed(
+    settings: Settings, deletion_ids: list[str], deadline_seconds: float
+) -> dict[str, LedgerEntry]:
+    """What the ledger says of each request, once every one is completed or at the
+    deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    with psycopg.connect(settings.postgres_conninfo, autocommit=True) as conn:
+        while True:
+            requests = conn.execute(
+                "SELECT deletion_id, recorded_at, completed_at FROM deletion_requests"
+                " WHERE deletion_id = ANY(%s)",
+                (deletion_ids,),
+            ).fetchall()
+            acks = conn.execute(
+                "SELECT deletion_id, store, acked_at FROM deletion_store_acks"
+                " WHERE deletion_id = ANY(%s)",
+                (deletion_ids,),
+            ).fetchall()
+            ledger = {
+                str(deletion_id): LedgerEntry(_moment(recorded), _moment(completed), {})
+                for deletion_id, recorded, completed in requests
+            }
+            for deletion_id, store, acked in acks:
+                ledger[str(deletion_id)].acked[str(store)] = _moment(acked)
+            done = sum(1 for entry in ledger.values() if entry.completed is not None)
+            if done == len(deletion_ids) or time.monotonic() > deadline:
+                return ledger
+            time.sleep(0.2)
+
+
+def _moment(value: object) -> datetime | None:
+    return value if isinstance(value, datetime) else None

@@ -1,0 +1,85 @@
+"""The benchmark's own arithmetic (ops/bench): percentiles, pauses, the versions freshness
+waits for, peak RSS and the discovery of the stack's processes. No services needed."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+
+from streams.sample import sample_memory_stream
+from streams.settings import Settings
+
+# The benchmark's modules import each other as scripts do, from their own directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops" / "bench"))
+
+import cpu_time
+import environment
+import freshness
+import rss
+import scale_out
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(n) for n in range(100, 0, -1)]
+    assert environment.percentile(values, 0.50) == 50.0
+    assert environment.percentile(values, 0.99) == 99.0
+    assert environment.percentile([7.0], 0.99) == 7.0
+    assert math.isnan(environment.percentile([], 0.5))
+
+
+def test_the_longest_stall_counts_the_window_edges() -> None:
+    assert scale_out.longest_stall([1.0, 2.0, 5.0], 0.0, 6.0) == 3.0
+    assert scale_out.longest_stall([1.0, 2.0, 5.0], 1.5, 2.5) == 0.5
+    assert scale_out.longest_stall([], 10.0, 14.0) == 4.0
+
+
+def test_progress_advances_per_partition_and_in_total() -> None:
+    sampler = scale_out.ProgressSampler(Settings())
+    sampler.samples = [
+        (0.0, {0: 10, 1: 10}),
+        (1.0, {0: 12, 1: 10}),
+        (2.0, {0: 12, 1: 10}),
+        (3.0, {0: 12, 1: 15}),
+    ]
+    total, partitions = sampler.advances()
+    assert total == [0.0, 1.0, 3.0]
+    assert partitions == {0: [0.0, 1.0], 1: [0.0, 3.0]}
+
+
+def test_freshness_waits_for_the_versions_events_make() -> None:
+    stream = list(sample_memory_stream(300, 4, seed=11))
+    made = freshness.versions_made(stream)
+    assert made
+    for index in made:
+        assert stream[index].expectation == "applied"
+    latest: dict[tuple[str, str], int] = {}
+    for index in sorted(made):
+        tenant, memory, version = made[index]
+        assert version > latest.get((tenant, memory), 0)
+        latest[(tenant, memory)] = version
+
+
+def test_peak_rss_is_read_per_kind() -> None:
+    peaks = rss.PeakRss(interval_seconds=60)
+    peaks.watch(os.getpid(), "this test")
+    peaks.watch(2**22 + 12345, "gone")  # no such process: no figure, no error
+    peaks.close()
+    measured = peaks.by_kind()
+    assert list(measured) == ["this test"]
+    assert measured["this test"] > 0
+
+
+def test_the_listening_process_is_found_by_port() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert cpu_time.listening_pid(listener.getsockname()[1]) == os.getpid()
+
+
+def test_cpu_totals_add_every_process() -> None:
+    assert cpu_time.total({"worker": 10.25, cpu_time.BROKER: 2.5, cpu_time.THIS_PROCESS: 1}) == (
+        13.8
+    )
