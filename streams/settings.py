@@ -253,6 +253,13 @@ class Settings(BaseSettings):
         None, description="a file holding MEMPROJ_POSTGRES_PASSWORD (a mounted secret)"
     )
     # -- end of secrets and master keys
+    projection_source: Literal["raw", "sealed"] = Field(
+        "raw",
+        description="what the memory and conversation workers read: 'raw', their raw input "
+        "topic, sealed and projected in one stage (the sealed log is one of their outputs); "
+        "'sealed', the sealed log another deployment's workers write, projected only (a "
+        "second projection of the same data, in its own schema)",
+    )
     failpoint: str = Field(
         "",
         description="testing aid: '<projection>:after_commit' kills the worker (SIGKILL) right "

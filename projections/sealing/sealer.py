@@ -1,10 +1,15 @@
-"""The sealing stage: raw input in, the long-retention sealed log out.
+"""Sealing: raw input in, the long-retention sealed log out.
 
-It validates every raw event under the contract (invalid ones become dead letters here, once),
-seals the personal fields with the entity's data key, and publishes the sealed event, in the
-same partition order, to ``<topic>.sealed``. An event about an entity erased at or after the
-time it happened is written without its personal fields at all: it still reaches the
-projections (which refuse it as ``erased``), and nothing of it was ever stored.
+``Sealer`` is the one home of the per-event sealing logic. It validates every raw event under
+the contract (invalid ones become dead letters, once), seals the personal fields with the
+entity's data key, and makes the sealed event, in the same partition order, a message for
+``<topic>.sealed``. An event about an entity erased at or after the time it happened is
+written without its personal fields at all: it still reaches the projections (which refuse it
+as ``erased``), and nothing of it was ever stored.
+
+Since issue 17 (ops/decisions/one-hop.md) no worker runs it alone: the memory and conversation
+workers run it with their projection in one stage (``projections.sealing.fused``), each on its
+own raw topic, and the sealed log is one of their outputs.
 """
 
 from __future__ import annotations
@@ -63,12 +68,17 @@ def _erasure_key(ref: EntityRef) -> tuple[str, str, str, str]:
 
 class Sealer:
     name = "sealer"
-    input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS)
+    input_specs: tuple[TopicSpec, ...]
     rejections_spec = MEMORY_REJECTIONS
     tracks_event_ids = False
 
     def __init__(self, schemas: SchemaRegistry, topics: TopicNames, keys: KeyStore,
-                 max_value_bytes: int) -> None:  # fmt: skip
+                 max_value_bytes: int,
+                 input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS),
+                 ) -> None:  # fmt: skip
+        """``input_specs``: the raw topics it reads. The codec is the same whichever: an
+        event type read on the other raw topic is a dead letter for the same reason."""
+        self.input_specs = input_specs
         accepted = frozenset(
             t for t in schemas.event_types() if t.startswith(("memory.", "conversation."))
         )
@@ -87,8 +97,15 @@ class Sealer:
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Raw input is plaintext: nothing to prepare."""
 
-    async def load(self, conn: Conn, events: Sequence[Envelope]) -> SealingState:
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+    async def load(
+        self, conn: Conn, events: Sequence[Envelope], locked: bool = False
+    ) -> SealingState:
+        """The erasures and data keys a batch needs, keys created where missing. After the
+        shared tenant locks (``locked``: the caller took them in this transaction already),
+        so that a deletion either committed before (its erasure is read, no key is created
+        for what it erased) or waits for this batch."""
+        if not locked:
+            await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         refs = [(event, ref) for event in events if (ref := _entity(event)) is not None]
         erasures = await deletion_store.load_erasures(conn, (_erasure_key(r) for _, r in refs))
         # Keys only for what is not erased: an erased event's fields are never written at all.
