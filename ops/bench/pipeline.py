@@ -1,5 +1,6 @@
-"""The live pipeline under the benchmark: ``memproj worker sealer`` and ``memproj worker
-memory`` processes, timed together or one stage at a time. Used by ops/bench/projection.py."""
+"""The live pipeline under the benchmark: ``memproj worker memory`` processes, which seal and
+project the raw topic in one stage (issue 17), timed while the stream is produced or from a
+backlog. Used by ops/bench/projection.py."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from confluent_kafka.admin import AdminClient
 from cpu_time import CpuMeter  # ops/bench/cpu_time.py, beside this script
 
 from streams.kafka import admin_config, producer_config
-from streams.progress import wait_caught_up, wait_pipeline
+from streams.progress import wait_pipeline
 from streams.settings import Settings
-from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
+from topics.registry import MEMORY_EVENTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,13 +43,13 @@ def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]
 
 
 class Workers:
-    """``memproj worker sealer`` and ``memproj worker memory`` processes for one benchmark
-    environment, stopped (SIGTERM) when the block ends."""
+    """``memproj worker memory`` processes for one benchmark environment, stopped (SIGTERM)
+    when the block ends."""
 
     def __init__(self, settings: Settings, log_path: Path, memory_workers: int) -> None:
         self.settings = settings
         self.log_path = log_path
-        self.kinds = ["sealer"] + ["memory"] * memory_workers  # memory reads the sealed log
+        self.kinds = ["memory"] * memory_workers  # each seals and projects the raw topic
         environment = dict(os.environ)
         environment.update(settings.as_environment())
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -85,23 +86,17 @@ class Workers:
             if kind == "memory":
                 process.send_signal(number)
 
-    def wait(self, stage: str) -> None:
-        """Until ``stage`` (the sealer, the memory projection or both, ``pipeline``) has
-        applied everything produced so far."""
+    def wait(self, stage: str = "pipeline") -> None:
+        """Until the memory workers have applied everything produced so far (and published
+        what it produced, the sealed log among it)."""
         settings = self.settings
-        raw = settings.topics.name(MEMORY_EVENTS)
-        sealed = settings.topics.name(MEMORY_SEALED)
 
         async def caught_up() -> None:
             bootstrap = settings.kafka_bootstrap
             async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-                if stage == "pipeline":
-                    await wait_pipeline(
-                        conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
-                    )
-                else:
-                    topic = raw if stage == "sealer" else sealed
-                    await wait_caught_up(conn, bootstrap, stage, topic, 900, interval=0.05)
+                await wait_pipeline(
+                    conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
+                )
 
         async def unless_a_worker_exits() -> None:
             waiting = asyncio.ensure_future(caught_up())
@@ -169,17 +164,15 @@ def projection_apply(
         return timed(workers, produce_and_apply)
 
 
-def stages_alone(
+def from_backlog(
     settings: Settings, messages: list[Any], log_path: Path, memory_workers: int
-) -> tuple[tuple[float, CpuMeter], tuple[float, CpuMeter]]:
-    """Each stage of the live pipeline on its own: the sealer from the raw topic while the
-    memory workers are paused (SIGSTOP), then the memory workers from the sealed log the
-    sealer wrote. The memory projection's own rate, from its input topic to committed rows."""
+) -> tuple[float, CpuMeter]:
+    """The one stage alone, from a backlog: the stream is produced while the memory workers
+    are paused (SIGSTOP), then timed from their resumption to the last committed row (the
+    stage's own rate from its input topic, without the producer beside it)."""
     with Workers(settings, log_path, memory_workers) as workers:
         workers.warm_up(messages)
         workers.signal_memory_workers(signal.SIGSTOP)
         produce(settings, messages[1:])
-        sealer = timed(workers, lambda: workers.wait("sealer"))
         workers.signal_memory_workers(signal.SIGCONT)
-        memory = timed(workers, lambda: workers.wait("memory"))
-        return sealer, memory
+        return timed(workers, workers.wait)
