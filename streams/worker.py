@@ -25,8 +25,8 @@ from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
-from projections.sealing.keys import KeyStore
 from projections.sealing.fused import SealingProjection
+from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
 from projections.stores import BY_NAME, REGISTRY, STORE_NAMES, open_all

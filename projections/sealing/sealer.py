@@ -23,7 +23,13 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
 from projections.idempotency import EventKey, ProcessedEvent
-from projections.sealing.fields import EntityRef, entity_of_event, seal, seal_erased
+from projections.sealing.fields import (
+    EntityRef,
+    entity_of_event,
+    seal,
+    seal_erased,
+    with_placeholders,
+)
 from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec
 from topics.envelope import Envelope
@@ -49,6 +55,8 @@ class SealingState:
 class Sealed:
     messages: list[OutboxMessage] = field(default_factory=list)
     erased: int = 0
+    # The positions in the batch of the events written without their personal fields.
+    erased_at: list[int] = field(default_factory=list)
     # The sealer decides nothing about events: idempotency is the projections' job.
     processed: list[ProcessedEvent] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
@@ -120,7 +128,7 @@ class Sealer:
         self, events: Sequence[Envelope], state: SealingState, seen: dict[EventKey, bytes]
     ) -> Sealed:
         sealed = Sealed()
-        for event in events:
+        for index, event in enumerate(events):
             # As given: a field the producer omitted stays omitted (``exclude_unset``), so
             # that an omission that means something survives the sealed log (a correction
             # without ``expires_at`` keeps the expiry; ``"expires_at": null`` removes it).
@@ -134,6 +142,7 @@ class Sealer:
             if ref is not None:
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
                     sealed.erased += 1
+                    sealed.erased_at.append(index)
                     raw = seal_erased(raw)
                 else:
                     raw = seal(raw, state.keys[ref])
@@ -141,6 +150,18 @@ class Sealer:
             key = f"{event.tenant_id}:{event.entity_id}".encode()
             sealed.messages.append(OutboxMessage(topic, key, orjson.dumps(raw)))
         return sealed
+
+    def seals(self, event: Envelope) -> bool:
+        """Whether ``event`` has personal fields, sealed with its entity's data key."""
+        return _entity(event) is not None
+
+    def as_read_from_the_log(self, message: OutboxMessage) -> Envelope:
+        """An event sealed as erased, as every reader of the sealed log decodes it
+        (``SealedCodec``): placeholders for its personal fields, marked never to be applied.
+        The one-hop stage hands its projection this, so that what it decides (a rejection as
+        ``erased``, a body hash without the personal fields) is what a replay decides."""
+        raw = with_placeholders(orjson.loads(message.value or b"null"))
+        return self.codec.decode(message.key, orjson.dumps(raw)).unreadable_copy()
 
     async def save(self, conn: Conn, outcome: Sealed) -> None:
         """Nothing to keep: the sealed log is the output."""

@@ -294,9 +294,7 @@ def test_redelivery_changes_nothing(env: Any) -> None:
     env.wait_caught_up()
     # ... and the whole topic consumed again from offset 0 by a fresh consumer group.
     worker.stop()
-    again = env.worker(
-        group_prefix=env.settings.group_prefix + "-again", raw_input_trim_seconds=0
-    )
+    again = env.worker(group_prefix=env.settings.group_prefix + "-again", raw_input_trim_seconds=0)
     env.wait_group_committed(again.settings.group_id("memory"), MEMORY_EVENTS)
 
     assert env.checksums() == before
@@ -409,7 +407,8 @@ def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_o
     env: Any,
 ) -> None:
     # 999 bytes whose ignored extra field nests 300 levels: it once stopped the sealer (the
-    # first stage then, now the memory worker's sealing) for good (the codec re-serialised it, and orjson writes at most 254 levels).
+    # first stage then) for good (the codec re-serialised it, and orjson writes at most 254
+    # levels).
     f = EventFactory()
     key, value = to_message(f.proposed("t1", "poison"))
     poison = value[:-1] + b',"extra":' + b"[" * 300 + b"]" * 300 + b"}"

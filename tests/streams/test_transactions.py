@@ -1,9 +1,9 @@
 """Contract 1.1: producers may write with Kafka transactions; memproj reads committed data only.
 
 Against the real broker: a transactional producer writes to the memory input topic, and the
-memory worker (which seals, then projects) applies what was committed, never what was aborted, and the progress
-and lag helpers call them caught up although transaction markers and aborted messages (offsets
-no committed reader receives) sit at the end of the partitions.
+memory worker (which seals, then projects) applies what was committed, never what was aborted,
+and the progress and lag helpers call it caught up although transaction markers and aborted
+messages (offsets no committed reader receives) sit at the end of the partitions.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from streams.trim import (
     classify,
     plan_trim,
 )
-from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, MEMORY_SEALED
+from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
 
 RAW = {"p.memory.events", "p.conversation.events"}
 
