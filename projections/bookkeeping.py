@@ -229,11 +229,14 @@ _LENGTH = struct.Struct("!i")
 
 
 async def staging_table(conn: Conn, like: str) -> str:
-    """A temporary copy of ``like``'s columns, emptied at every commit."""
+    """A temporary copy of ``like``'s columns, empty: emptied at every commit, and here too,
+    since one transaction may stage several parts of a batch (savepoints of the isolation,
+    ``streams.runner``), whose rows must not be merged again with the next part's. One round
+    trip: two statements without parameters."""
     name = f"staging_{like}"
     await conn.execute(
         f"CREATE TEMP TABLE IF NOT EXISTS {name} (LIKE {like} INCLUDING DEFAULTS)"
-        " ON COMMIT DELETE ROWS".encode()
+        f" ON COMMIT DELETE ROWS; DELETE FROM {name}".encode()
     )
     return name
 
