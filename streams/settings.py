@@ -178,7 +178,8 @@ class Settings(BaseSettings):
     # -- topic lifetimes (issue 15: raw input trimmed once sealed, memory.current compaction)
     raw_input_trim_seconds: float = Field(
         5.0,
-        description="the most time between the sealer committing a batch and the deletion of "
+        description="the most time between the memory or conversation worker committing a "
+        "batch (which seals it) and the deletion of "
         "its raw input records (memory.events, conversation.events) with DeleteRecords; "
         "0: never trim (retention alone then bounds the raw plaintext window)",
     )
