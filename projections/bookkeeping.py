@@ -61,12 +61,15 @@ async def load_offsets(conn: Conn, projection: str) -> dict[Position, int]:
 
 
 async def lock_offsets(
-    conn: Conn, projection: str, positions: Iterable[Position]
+    conn: Conn, projection: str, positions: Iterable[Position], inherit_from: str | None = None
 ) -> dict[Position, int]:
     """Lock the tracking rows of ``positions`` for this transaction and return them.
 
     Two workers briefly holding the same partition (during a rebalance) thus apply its
     messages one after the other, and the second one sees what the first applied.
+
+    A position ``projection`` has never tracked starts at 0, or, with ``inherit_from``, at
+    the offset that projection tracks for it (a handover: see ``HandoverTracking``).
     """
     topics, partitions = [], []
     for topic, partition in sorted(set(positions)):
@@ -74,9 +77,11 @@ async def lock_offsets(
         partitions.append(partition)
     await conn.execute(
         "INSERT INTO projection_offsets (projection, topic, partition, next_offset)"
-        " SELECT %s, t, p, 0 FROM unnest(%s::text[], %s::integer[]) AS x(t, p)"
+        " SELECT %s, t, p, coalesce((SELECT h.next_offset FROM projection_offsets h"
+        "  WHERE h.projection = %s AND h.topic = t AND h.partition = p), 0)"
+        " FROM unnest(%s::text[], %s::integer[]) AS x(t, p)"
         " ON CONFLICT DO NOTHING",
-        (projection, topics, partitions),
+        (projection, inherit_from, topics, partitions),
     )
     cursor = await conn.execute(
         "SELECT o.topic, o.partition, o.next_offset FROM projection_offsets o"
@@ -224,11 +229,14 @@ _LENGTH = struct.Struct("!i")
 
 
 async def staging_table(conn: Conn, like: str) -> str:
-    """A temporary copy of ``like``'s columns, emptied at every commit."""
+    """A temporary copy of ``like``'s columns, empty: emptied at every commit, and here too,
+    since one transaction may stage several parts of a batch (savepoints of the isolation,
+    ``streams.runner``), whose rows must not be merged again with the next part's. One round
+    trip: two statements without parameters."""
     name = f"staging_{like}"
     await conn.execute(
         f"CREATE TEMP TABLE IF NOT EXISTS {name} (LIKE {like} INCLUDING DEFAULTS)"
-        " ON COMMIT DELETE ROWS".encode()
+        f" ON COMMIT DELETE ROWS; DELETE FROM {name}".encode()
     )
     return name
 
@@ -500,3 +508,23 @@ class PostgresTracking:
     remove_from_outbox = staticmethod(remove_from_outbox)
     publish_outbox_batch = staticmethod(publish_outbox_batch)
     publish_pending_outbox = staticmethod(publish_pending_outbox)
+
+
+class HandoverTracking(PostgresTracking):
+    """``PostgresTracking`` whose projection takes over its input from ``predecessor``: a
+    partition it has never tracked starts where the predecessor's tracking of the same topic
+    and partition stands, so that what the predecessor applied is not applied again.
+
+    The upgrade to the one-hop stages (issue 17): the memory and conversation workers read the
+    raw topics the sealer read. Everything below the sealer's tracked raw offsets is in the
+    sealed log already, and projected once the old workers caught up on it; the fused worker
+    starts right after. Read in the batch's transaction, the first time a partition is seen:
+    once the fused worker tracks it, the predecessor's row is never read again."""
+
+    def __init__(self, predecessor: str) -> None:
+        self.predecessor = predecessor
+
+    async def lock_offsets(  # type: ignore[override]
+        self, conn: Conn, projection: str, positions: Iterable[Position]
+    ) -> dict[Position, int]:
+        return await lock_offsets(conn, projection, positions, inherit_from=self.predecessor)

@@ -138,9 +138,22 @@ async def swap(conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: st
             )
         )
     for table in ("processed_events", "projection_offsets", "rejections"):
+        # Tracking of the topics the shadow read (the sealed log) only: a live worker that
+        # seals its raw topic (issue 17) keeps its raw offsets, which the rebuild never read.
+        only_replayed = (
+            sql.SQL(" AND topic IN (SELECT topic FROM {}.{} WHERE projection = %s)").format(
+                ident(shadow), ident(table)
+            )
+            if table == "projection_offsets"
+            else sql.SQL("")
+        )
         await conn.execute(
-            sql.SQL("DELETE FROM {}.{} WHERE projection = %s").format(ident(live), ident(table)),
-            (spec.projection,),
+            sql.SQL("DELETE FROM {}.{} WHERE projection = %s{}").format(
+                ident(live), ident(table), only_replayed
+            ),
+            (spec.projection, spec.projection)
+            if table == "projection_offsets"
+            else (spec.projection,),
         )
         await conn.execute(
             # The shadow's serial columns draw from the live sequences (LIKE copies the

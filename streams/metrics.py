@@ -144,7 +144,8 @@ class Metrics:
         # -- topic lifetimes (streams.trim, streams.compaction) ---------------------------
         self.raw_trimmed_records = Counter(
             "memproj_raw_trim_records",
-            "raw input records deleted (DeleteRecords) once the sealer had committed them",
+            "raw input records deleted (DeleteRecords) once the worker that seals them had "
+            "committed them",
             ["topic"],
             registry=registry,
         )
@@ -157,7 +158,8 @@ class Metrics:
         )
         self.raw_untrimmed_records = Gauge(
             "memproj_raw_trim_behind_records",
-            "raw input records the sealer has committed but that are not deleted yet",
+            "raw input records the worker that seals them has committed but that are not "
+            "deleted yet",
             ["topic"],
             registry=registry,
         )

@@ -138,15 +138,7 @@ async def wait_pipeline(
     deadline_seconds: float = 120.0,
     interval: float = 0.2,
 ) -> None:
-    """Wait until ``projection`` has applied everything in ``raw`` as of this call: through the
-    sealer first when the projection reads the sealed log, then the projection itself."""
-    sealed = SEALED.get(raw.base_name)
-    if sealed is None:
-        await wait_caught_up(
-            conn, bootstrap, projection, topics.name(raw), deadline_seconds, interval
-        )
-        return
-    await wait_caught_up(conn, bootstrap, "sealer", topics.name(raw), deadline_seconds, interval)
-    await wait_caught_up(
-        conn, bootstrap, projection, topics.name(sealed), deadline_seconds, interval
-    )
+    """Wait until ``projection`` has applied everything in ``raw`` as of this call and
+    published what that produced (the sealed log among it): the memory and conversation
+    workers seal and project their raw topic in one stage (issue 17)."""
+    await wait_caught_up(conn, bootstrap, projection, topics.name(raw), deadline_seconds, interval)

@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 
 from projections import rebuilds
 from projections import shadow as shadows
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, OutboxMessage, pending_outbox
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
@@ -218,6 +218,19 @@ def read(
     consumer.unassign()
 
 
+async def _published(conn: Conn, projection: str, seconds: float = 60.0) -> None:
+    """Until ``projection`` has no outbox messages left to publish (read committed: each poll
+    sees the live worker's latest deletions)."""
+    deadline = time.monotonic() + seconds
+    while await pending_outbox(conn, projection, limit=1):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{projection}: the live worker's outbox is not published after {seconds:.0f} s"
+                " (is it running?): not swapped"
+            )
+        await asyncio.sleep(0.05)
+
+
 async def _tracked(conn: Conn, projection: str, lock: bool) -> dict[Position, int]:
     cursor = await conn.execute(
         "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = %s"
@@ -305,7 +318,22 @@ async def _swap(
         await deletion_store.hold_erasures(live_conn)
         async with pool.connection() as shadow_conn:
             shadow_offsets = await _tracked(shadow_conn, spec.projection, lock=False)
-        for batch in read(consumer, shadow_offsets, live_offsets, 2000):
+        replayed = {topic for topic, _ in shadow_offsets}
+        target = {p: offset for p, offset in live_offsets.items() if p[0] in replayed}
+        if not target and live_offsets:
+            # The live worker reads the raw topic and seals it (issue 17): with its tracking
+            # locked it commits nothing more, and once its committed batches are published
+            # the sealed log holds exactly what it applied.
+            await _published(live_conn, spec.projection)
+            target = {
+                (topic, partition): consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )[1]
+                for topic in sorted(replayed)
+                for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            }
+            shadow_offsets = {p: shadow_offsets.get(p, 0) for p in target}
+        for batch in read(consumer, shadow_offsets, target, 2000):
             await runner.apply(batch, isolation)
             report.caught_up += len(batch)
         async with pool.connection() as shadow_conn, shadow_conn.transaction():

@@ -178,7 +178,8 @@ class Settings(BaseSettings):
     # -- topic lifetimes (issue 15: raw input trimmed once sealed, memory.current compaction)
     raw_input_trim_seconds: float = Field(
         5.0,
-        description="the most time between the sealer committing a batch and the deletion of "
+        description="the most time between the memory or conversation worker committing a "
+        "batch (which seals it) and the deletion of "
         "its raw input records (memory.events, conversation.events) with DeleteRecords; "
         "0: never trim (retention alone then bounds the raw plaintext window)",
     )
@@ -253,6 +254,13 @@ class Settings(BaseSettings):
         None, description="a file holding MEMPROJ_POSTGRES_PASSWORD (a mounted secret)"
     )
     # -- end of secrets and master keys
+    projection_source: Literal["raw", "sealed"] = Field(
+        "raw",
+        description="what the memory and conversation workers read: 'raw', their raw input "
+        "topic, sealed and projected in one stage (the sealed log is one of their outputs); "
+        "'sealed', the sealed log another deployment's workers write, projected only (a "
+        "second projection of the same data, in its own schema)",
+    )
     failpoint: str = Field(
         "",
         description="testing aid: '<projection>:after_commit' kills the worker (SIGKILL) right "

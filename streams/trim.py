@@ -1,15 +1,16 @@
 """Raw input dropped as soon as it is sealed (issue 15).
 
-``memory.events`` and ``conversation.events`` carry personal data in plaintext. The sealer is
-done with a record once it has committed the record's sealed copy, in the transaction that
-also moves its tracked offsets (``projection_offsets`` in PostgreSQL): from then on the sealed
-copy is durable (in the outbox, then in the sealed log), and nothing in memproj reads the raw
-record again. So the sealer worker deletes the raw records below its committed offsets with
-Kafka's DeleteRecords, every ``MEMPROJ_RAW_INPUT_TRIM_SECONDS``; the topics' retention (one
-day) stays as the backstop.
+``memory.events`` and ``conversation.events`` carry personal data in plaintext. The worker that
+seals a raw topic (the memory worker ``memory.events``, the conversation worker
+``conversation.events``: one stage since issue 17) is done with a record once it has committed
+the record's sealed copy, in the transaction that also moves its tracked offsets
+(``projection_offsets`` in PostgreSQL): from then on the sealed copy is durable (in the outbox,
+then in the sealed log), and nothing in memproj reads the raw record again. So that worker
+deletes the raw records below its committed offsets with Kafka's DeleteRecords, every
+``MEMPROJ_RAW_INPUT_TRIM_SECONDS``; the topics' retention (one day) stays as the backstop.
 
 The offsets come from PostgreSQL, never from the worker's position in memory: a record the
-sealer has read but not committed is never trimmed, whatever crashes. Every sealer instance
+worker has read but not committed is never trimmed, whatever crashes. Every instance
 trims every partition the table names (the same offsets, so the requests agree; one below
 the low watermark changes nothing).
 
@@ -129,7 +130,7 @@ class KafkaRecordDeleter:
 
 
 class RawInputTrimmer(Service):
-    """The sealer worker's trim loop (see the module docstring)."""
+    """The sealing worker's trim loop (see the module docstring)."""
 
     def __init__(
         self,
@@ -211,7 +212,8 @@ def raw_input_trimmers(
     pool: AsyncConnectionPool[Conn],
     sealer: Projection[Any, Any, Any],
 ) -> list[Service]:
-    """The sealer worker's trimmer of ``sealer``'s input topics (none if the setting is 0)."""
+    """The trimmer of ``sealer``'s raw input topics (the one-hop stage that seals them), none if
+    the setting is 0."""
     if settings.raw_input_trim_seconds <= 0:
         return []
     return [

@@ -20,11 +20,12 @@ from mode import Service
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, HandoverTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
+from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
@@ -59,12 +60,18 @@ from streams.services import (
 )
 from streams.settings import Settings
 from streams.trim import raw_input_trimmers
-from topics.registry import CONVERSATION_MESSAGES, DELETION_TOMBSTONES, MEMORY_CURRENT
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    CONVERSATION_MESSAGES,
+    DELETION_TOMBSTONES,
+    MEMORY_CURRENT,
+    MEMORY_EVENTS,
+    TopicSpec,
+)
 from topics.schemas import default_schemas
 
 # Each kind has its own port, so that every worker on one host can be scraped.
 METRICS_PORTS = {
-    "sealer": 9100,
     "memory": 9101,
     "conversation": 9102,
     "deletion": 9103,
@@ -88,7 +95,7 @@ class WorkerParts:
 # The kinds whose agents take their batches straight from Kafka (``streams.consumer``): the
 # hot path, where faust's per-message delivery was the cost (ops/decisions/batch-consumer.md).
 # The others stay faust apps.
-BATCH_CONSUMER_KINDS = frozenset({"sealer", "memory", "conversation"})
+BATCH_CONSUMER_KINDS = frozenset({"memory", "conversation"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +191,9 @@ def build_projection_worker(
     metrics: Metrics,
     projection: Projection[Any, Any, Any],
     extra_services: Callable[[Resources], list[Service]] = lambda _: [],
+    tracking: Tracking | None = None,
 ) -> WorkerParts:
-    """A Faust app whose one agent feeds ``projection`` from its input topics."""
+    """A worker whose one agent feeds ``projection`` from its input topics."""
     parts = open_resources(settings, metrics, projection.name)
     runner = ProjectionRunner(
         projection,
@@ -195,6 +203,7 @@ def build_projection_worker(
         metrics,
         failpoint=settings.failpoint,
         outbox_drain_max_bytes=settings.batch_max_bytes,
+        tracking=tracking,
     )
     add_agent(
         settings,
@@ -216,17 +225,38 @@ def probe_sealer(settings: Settings) -> ProbeSealer:
     return ProbeSealer(settings.worker_master_keys())
 
 
-def build_sealer_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    """Raw input in, the sealed long-retention log out (see projections.sealing)."""
-    sealer = Sealer(
-        default_schemas(), settings.topics, key_store(settings), settings.max_memory_value_bytes
+def sealer(settings: Settings, raw: TopicSpec) -> Sealer:
+    """The sealing of one raw topic (see projections.sealing)."""
+    return Sealer(
+        default_schemas(),
+        settings.topics,
+        key_store(settings),
+        settings.max_memory_value_bytes,
+        input_specs=(raw,),
     )
-    # Topic lifetimes (issue 15): the raw input is deleted once sealed (streams.trim).
+
+
+# The worker kind that sealed both raw topics before the one-hop stages (issue 17): a fused
+# worker takes over its raw offsets (``HandoverTracking``).
+SEALER = "sealer"
+
+
+def build_fused_worker(
+    settings: Settings, metrics: Metrics, projection: Projection[Any, Any, Any], raw: TopicSpec
+) -> WorkerParts:
+    """``projection`` fed from its raw topic ``raw`` in one stage: sealed, projected, and the
+    sealed log published, in one transaction per batch (projections.sealing.fused); with
+    ``MEMPROJ_PROJECTION_SOURCE=sealed``, the projection alone on the sealed log."""
+    if settings.projection_source == "sealed":
+        return build_projection_worker(settings, metrics, projection)
+    fused = SealingProjection(sealer(settings, raw), projection)
+    # Topic lifetimes (issue 15): the raw input is deleted up to what this stage committed.
     return build_projection_worker(
         settings,
         metrics,
-        sealer,
-        lambda parts: raw_input_trimmers(settings, metrics, parts.pool, sealer),
+        fused,
+        lambda parts: raw_input_trimmers(settings, metrics, parts.pool, fused),
+        HandoverTracking(SEALER),
     )
 
 
@@ -248,11 +278,15 @@ def conversation_projection(settings: Settings, metrics: Metrics) -> Conversatio
 
 
 def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_projection_worker(settings, metrics, memory_projection(settings, metrics))
+    return build_fused_worker(
+        settings, metrics, memory_projection(settings, metrics), MEMORY_EVENTS
+    )
 
 
 def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_projection_worker(settings, metrics, conversation_projection(settings, metrics))
+    return build_fused_worker(
+        settings, metrics, conversation_projection(settings, metrics), CONVERSATION_EVENTS
+    )
 
 
 def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
@@ -362,7 +396,6 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
 
 
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
-    "sealer": build_sealer_worker,
     "memory": build_memory_worker,
     "conversation": build_conversation_worker,
     "deletion": build_deletion_worker,

@@ -172,13 +172,9 @@ class Env:
         return self.produce(self.topic(spec), (to_message(event) for event in events))
 
     def worker(self, kind: str = "memory", **overrides: Any) -> WorkerProcess:
-        # The projections read the sealed log, which only the sealer writes.
-        if (
-            kind in ("memory", "conversation")
-            and self.parent is None
-            and not any(w.kind == "sealer" and w.alive() for w in self.workers)
-        ):
-            self.worker("sealer")
+        if self.parent is not None and kind in ("memory", "conversation"):
+            # A sibling projects the sealed log its parent's workers write.
+            overrides = {"projection_source": "sealed", **overrides}
         settings = self.settings.model_copy(update=overrides) if overrides else self.settings
         worker = WorkerProcess(
             kind, settings, self.tmp_path / f"worker-{kind}-{len(self.workers)}.log"
@@ -189,19 +185,21 @@ class Env:
     def wait_caught_up(
         self, spec: TopicSpec = MEMORY_EVENTS, projection: str = "memory", seconds: float = 90
     ) -> None:
-        sealing = self.parent or self  # a sibling reads the sealed log its parent writes
+        """Until ``projection`` has applied all of ``spec``'s topic: the memory and conversation
+        workers read their raw topic (and seal it); a sibling reads the sealed log its parent
+        writes, once the parent has written it."""
 
         async def wait() -> None:
             bootstrap = self.settings.kafka_bootstrap
             sealed = SEALED.get(spec.base_name)
-            if sealed is not None:
+            if self.parent is not None and sealed is not None:
                 async with await psycopg.AsyncConnection.connect(
-                    sealing.settings.postgres_dsn
+                    self.parent.settings.postgres_dsn
                 ) as conn:
-                    await wait_caught_up(conn, bootstrap, "sealer", self.topic(spec), seconds)
+                    await wait_caught_up(conn, bootstrap, projection, self.topic(spec), seconds)
+            read = sealed if self.parent is not None and sealed is not None else spec
             async with await psycopg.AsyncConnection.connect(self.settings.postgres_dsn) as conn:
-                topic = self.topic(sealed or spec)
-                await wait_caught_up(conn, bootstrap, projection, topic, seconds)
+                await wait_caught_up(conn, bootstrap, projection, self.topic(read), seconds)
 
         try:
             asyncio.run(wait())

@@ -1,10 +1,15 @@
-"""The sealing stage: raw input in, the long-retention sealed log out.
+"""Sealing: raw input in, the long-retention sealed log out.
 
-It validates every raw event under the contract (invalid ones become dead letters here, once),
-seals the personal fields with the entity's data key, and publishes the sealed event, in the
-same partition order, to ``<topic>.sealed``. An event about an entity erased at or after the
-time it happened is written without its personal fields at all: it still reaches the
-projections (which refuse it as ``erased``), and nothing of it was ever stored.
+``Sealer`` is the one home of the per-event sealing logic. It validates every raw event under
+the contract (invalid ones become dead letters, once), seals the personal fields with the
+entity's data key, and makes the sealed event, in the same partition order, a message for
+``<topic>.sealed``. An event about an entity erased at or after the time it happened is
+written without its personal fields at all: it still reaches the projections (which refuse it
+as ``erased``), and nothing of it was ever stored.
+
+Since issue 17 (ops/decisions/one-hop.md) no worker runs it alone: the memory and conversation
+workers run it with their projection in one stage (``projections.sealing.fused``), each on its
+own raw topic, and the sealed log is one of their outputs.
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
 from projections.idempotency import EventKey, ProcessedEvent
-from projections.sealing.fields import EntityRef, entity_of_event, seal, seal_erased
+from projections.sealing.fields import (
+    EntityRef,
+    entity_of_event,
+    seal,
+    seal_erased,
+    with_placeholders,
+)
 from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec
 from topics.envelope import Envelope
@@ -44,6 +55,8 @@ class SealingState:
 class Sealed:
     messages: list[OutboxMessage] = field(default_factory=list)
     erased: int = 0
+    # The positions in the batch of the events written without their personal fields.
+    erased_at: list[int] = field(default_factory=list)
     # The sealer decides nothing about events: idempotency is the projections' job.
     processed: list[ProcessedEvent] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
@@ -63,12 +76,17 @@ def _erasure_key(ref: EntityRef) -> tuple[str, str, str, str]:
 
 class Sealer:
     name = "sealer"
-    input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS)
+    input_specs: tuple[TopicSpec, ...]
     rejections_spec = MEMORY_REJECTIONS
     tracks_event_ids = False
 
     def __init__(self, schemas: SchemaRegistry, topics: TopicNames, keys: KeyStore,
-                 max_value_bytes: int) -> None:  # fmt: skip
+                 max_value_bytes: int,
+                 input_specs: tuple[TopicSpec, ...] = (MEMORY_EVENTS, CONVERSATION_EVENTS),
+                 ) -> None:  # fmt: skip
+        """``input_specs``: the raw topics it reads. The codec is the same whichever: an
+        event type read on the other raw topic is a dead letter for the same reason."""
+        self.input_specs = input_specs
         accepted = frozenset(
             t for t in schemas.event_types() if t.startswith(("memory.", "conversation."))
         )
@@ -87,8 +105,15 @@ class Sealer:
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Raw input is plaintext: nothing to prepare."""
 
-    async def load(self, conn: Conn, events: Sequence[Envelope]) -> SealingState:
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+    async def load(
+        self, conn: Conn, events: Sequence[Envelope], locked: bool = False
+    ) -> SealingState:
+        """The erasures and data keys a batch needs, keys created where missing. After the
+        shared tenant locks (``locked``: the caller took them in this transaction already),
+        so that a deletion either committed before (its erasure is read, no key is created
+        for what it erased) or waits for this batch."""
+        if not locked:
+            await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         refs = [(event, ref) for event in events if (ref := _entity(event)) is not None]
         erasures = await deletion_store.load_erasures(conn, (_erasure_key(r) for _, r in refs))
         # Keys only for what is not erased: an erased event's fields are never written at all.
@@ -103,7 +128,7 @@ class Sealer:
         self, events: Sequence[Envelope], state: SealingState, seen: dict[EventKey, bytes]
     ) -> Sealed:
         sealed = Sealed()
-        for event in events:
+        for index, event in enumerate(events):
             # As given: a field the producer omitted stays omitted (``exclude_unset``), so
             # that an omission that means something survives the sealed log (a correction
             # without ``expires_at`` keeps the expiry; ``"expires_at": null`` removes it).
@@ -117,6 +142,7 @@ class Sealer:
             if ref is not None:
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
                     sealed.erased += 1
+                    sealed.erased_at.append(index)
                     raw = seal_erased(raw)
                 else:
                     raw = seal(raw, state.keys[ref])
@@ -124,6 +150,18 @@ class Sealer:
             key = f"{event.tenant_id}:{event.entity_id}".encode()
             sealed.messages.append(OutboxMessage(topic, key, orjson.dumps(raw)))
         return sealed
+
+    def seals(self, event: Envelope) -> bool:
+        """Whether ``event`` has personal fields, sealed with its entity's data key."""
+        return _entity(event) is not None
+
+    def as_read_from_the_log(self, message: OutboxMessage) -> Envelope:
+        """An event sealed as erased, as every reader of the sealed log decodes it
+        (``SealedCodec``): placeholders for its personal fields, marked never to be applied.
+        The one-hop stage hands its projection this, so that what it decides (a rejection as
+        ``erased``, a body hash without the personal fields) is what a replay decides."""
+        raw = with_placeholders(orjson.loads(message.value or b"null"))
+        return self.codec.decode(message.key, orjson.dumps(raw)).unreadable_copy()
 
     async def save(self, conn: Conn, outcome: Sealed) -> None:
         """Nothing to keep: the sealed log is the output."""

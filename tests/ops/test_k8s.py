@@ -175,7 +175,7 @@ def skeleton(kind: str) -> dict[str, Any]:
 def test_every_worker_deployment_is_the_same_but_for_its_own_parts() -> None:
     # Hand-written, one file per kind: this keeps the copies from drifting apart.
     for kind in WORKER_KINDS:
-        assert skeleton(kind) == skeleton("sealer"), kind
+        assert skeleton(kind) == skeleton("memory"), kind
     # The kinds that scale by partition roll over without a gap (the vector store's kinds
     # are checked in test_the_vector_store_has_one_writer_and_is_shared_with_its_readers).
     for kind in set(WORKER_KINDS) - VECTOR_STORE_KINDS:

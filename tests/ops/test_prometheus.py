@@ -33,9 +33,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "ops" / "prometheus" / "alerts.yml"
 DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
-KINDS = (
-    "sealer", "memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context",
-)  # fmt: skip
+KINDS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
 
 
 def free_port() -> int:

@@ -270,7 +270,6 @@ def test_a_message_too_large_once_sealed_is_dead_lettered_and_the_rest_applied(e
     env.produce_events(events, CONVERSATION_EVENTS)
     workers = [env.worker("conversation")]
     env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
-    workers += [w for w in env.workers if w.kind == "sealer"]
 
     dead = [letter for _, letter in env.read(CONVERSATION_EVENTS, ".dlq")]
     assert [(d["key"], d["error_code"]) for d in dead] == [("acme:c1", "unstorable")]

@@ -60,9 +60,9 @@ def test_dead_letters_hold_no_plaintext_open_replay_and_are_erased_with_their_ow
         env.topic(MEMORY_EVENTS),
         [to_message(good), to_message(alice_bad), to_message(bob_bad), broken],
     )
-    # The test reads the raw topic back to see the replayed copy: the sealer keeps it.
-    env.worker("sealer", raw_input_trim_seconds=0)
-    env.worker("memory")
+    # The test reads the raw topic back to see the replayed copy: the memory worker (which
+    # seals it) keeps it.
+    env.worker("memory", raw_input_trim_seconds=0)
     env.worker("deletion")
     env.wait_caught_up()
 

@@ -111,7 +111,7 @@ def test_after_an_erasure_the_marker_is_readable_nowhere(env: Any) -> None:
     # memory.current with test-sized segments: the erased values are compacted away in
     # seconds instead of the registry's minutes (the deletion worker rolls quiet segments).
     compact_quickly(env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT))
-    env.start("sealer", "memory", "conversation", "embeddings", "summaries", "cache", "context")
+    env.start("memory", "conversation", "embeddings", "summaries", "cache", "context")
     env.start("deletion", compaction_roll_check_seconds=0.5)
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     env.wait_caught_up(CONVERSATION_EVENTS, "conversation")

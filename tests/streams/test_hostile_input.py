@@ -9,7 +9,7 @@ topics); every worker that consumes those topics runs on it. Then:
 2. every valid event was applied: the projections of the valid tenants are, by checksum, those
    of a twin environment fed only the valid events;
 3. every hostile message has exactly one dead letter per worker that consumes it (matched by
-   topic, partition and offset, or by event id for what the sealer passed on), with a reason;
+   topic, partition and offset, or by event id for what was sealed), with a reason;
    one that may be legal has one or none, and then its projection decided it; no valid event
    and nothing memproj wrote itself has one.
 """
@@ -69,7 +69,6 @@ pytestmark = pytest.mark.integration
 
 # Every worker that consumes a topic the suite writes to (not the monitor).
 KINDS = (
-    "sealer",
     "memory",
     "conversation",
     "deletion",
@@ -218,10 +217,10 @@ class Deadline:
 
 # What each worker applies: a projection's progress is its tracked offsets, a derived store's
 # its consumer group's commits.
-PROJECTIONS = frozenset({"sealer", "memory", "conversation", "deletion"})
+PROJECTIONS = frozenset({"memory", "conversation", "deletion"})
 PROGRESS: tuple[tuple[str, TopicSpec], ...] = (
-    ("sealer", MEMORY_EVENTS),
-    ("sealer", CONVERSATION_EVENTS),
+    ("memory", MEMORY_EVENTS),
+    ("conversation", CONVERSATION_EVENTS),
     ("memory", MEMORY_SEALED),
     ("conversation", CONVERSATION_SEALED),
     ("deletion", DELETION_REQUESTS),
@@ -286,10 +285,26 @@ def settle(env: Any, deadline: Deadline, tolerate_exits: bool = False) -> None:
             last = str(exc).splitlines()[0]
 
 
+def start(env: Any, kinds: Sequence[str]) -> None:
+    """``kinds``, and the readers of the sealed logs: the memory and conversation workers seal
+    their raw topics (issue 17), and the projection of the sealed log (what a rebuild reads)
+    runs beside them in the same schema, in consumer groups of its own, so that the forgeries
+    on the sealed topics meet a reader. What the sealing workers applied is a redelivery to it
+    (same event ids, same bodies)."""
+    env.start(*kinds)
+    for kind in ("memory", "conversation"):
+        if kind in kinds:
+            env.worker(
+                kind,
+                projection_source="sealed",
+                group_prefix=f"{env.settings.group_prefix}-sealed",
+            )
+
+
 def run(env: Any, plan: Corpus, kinds: Sequence[str], seconds: float) -> list[Produced]:
     """Start the workers, then produce each phase once the one before is applied."""
     deadline = Deadline(seconds)
-    env.start(*kinds)
+    start(env, kinds)
     produced: list[Produced] = []
     for phase in plan.phases:
         produced += produce(env, phase)
@@ -340,7 +355,7 @@ class Letters:
 
 def read_letters(env: Any, produced: Sequence[Produced]) -> Letters:
     at = {(p.topic, p.partition, p.offset): p for p in produced}
-    # What the sealer passed on reaches the projections with its event id: a dead letter of
+    # What was sealed reaches the sealed log's readers with its event id: a dead letter of
     # the sealed log that no forgery accounts for is one of those.
     by_event_id: dict[tuple[str, str], list[Produced]] = {}
     for p in produced:
@@ -582,7 +597,7 @@ def isolated(env: Any, plan: Corpus, seconds: float = 120) -> None:
     """Run every worker on a one-phase plan, then judge: whatever exits is reported, not
     waited for."""
     problems = Problems()
-    env.start(*KINDS)
+    start(env, KINDS)
     (phase,) = plan.phases
     produced = produce(env, phase)
     settle(env, Deadline(seconds), tolerate_exits=True)

@@ -118,7 +118,6 @@ def test_the_memory_projection_runs_as_memproj_over_sasl_ssl(secure_env: Env) ->
     secure_env.produce_events(
         [f.proposed("acme", f"mem_{i}", ALICE, {"text": f"value {i}"}) for i in range(5)]
     )
-    start_secure(secure_env, "sealer")
     start_secure(secure_env, "memory")
     secure_env.wait_caught_up(MEMORY_EVENTS, "memory")
     assert set(secure_env.checksums()) == {"acme"}
@@ -223,7 +222,6 @@ def test_mutual_tls_with_the_stack_client_certificate(stack: Settings) -> None:
 # password or the master key.
 
 WORKER_KINDS = (
-    "sealer",
     "memory",
     "conversation",
     "deletion",

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 KEY_A = base64.b64encode(b"rotation-test-master-key-A------").decode()
 KEY_B = base64.b64encode(b"rotation-test-master-key-B------").decode()
-KINDS = ("sealer", "memory", "conversation", "deletion")
+KINDS = ("memory", "conversation", "deletion")
 
 
 def with_keys(settings: Settings, keys: str) -> Settings:

@@ -88,8 +88,8 @@ def test_corrections_conflicts_revocations_and_recall(env: Any) -> None:
 
 
 def test_a_correction_keeps_removes_or_replaces_the_expiry_as_it_says(env: Any) -> None:
-    # Contract 1.1, through the real sealer and memory worker: an omitted expires_at keeps
-    # the current expiry, an explicit null removes it, a timestamp replaces it.
+    # Contract 1.1, through the real memory worker (it seals, then projects): an omitted
+    # expires_at keeps the current expiry, an explicit null removes it, a timestamp replaces it.
     f = EventFactory(clock=datetime.now(UTC) - timedelta(hours=1))
     alice = ("user", "alice")
     expires = (datetime.now(UTC) + timedelta(days=9)).replace(microsecond=0)
@@ -260,12 +260,19 @@ def test_what_postgresql_or_kafka_cannot_hold_is_dead_lettered_and_the_rest_appl
     assert raw_dead["t1:bad_huge"]["error_code"] == "value_too_large"
     assert raw_dead["t1:bad_huge"]["original_truncated"] is True
     assert raw_dead["t1:bad_huge"]["original_size"] == len(messages[5][1])
-    sealed_dead = [d for _, d in env.read(MEMORY_SEALED, ".dlq")]
-    assert [(d["key"], d["error_code"]) for d in sealed_dead] == [
-        (messages[3][0].decode(), "unstorable")
+    # One stage seals and projects (issue 17): what PostgreSQL cannot hold is a dead letter of
+    # the raw topic, never sealed (its part of the batch rolled back), and nothing reaches the
+    # sealed log's dead letters.
+    assert raw_dead[messages[3][0].decode()]["error_code"] == "unstorable"
+    [wide_view] = [
+        v
+        for v in open_topic_letters(env, MEMORY_EVENTS)
+        if v.opened is not None and v.opened.key == messages[3][0]
     ]
-    [sealed_view] = open_topic_letters(env, MEMORY_SEALED)
-    assert sealed_view.opened is not None and "index row" in sealed_view.opened.detail
+    assert wide_view.opened is not None and "index row" in wide_view.opened.detail
+    assert env.read(MEMORY_SEALED, ".dlq") == []
+    sealed_ids = {value["payload"]["memory_id"] for _, value in env.read(MEMORY_SEALED)}
+    assert sealed_ids == {f"ok_{i}" for i in range(4)}
     with env.connect() as conn:
         stored = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert stored == {f"ok_{i}" for i in range(4)}
@@ -275,7 +282,8 @@ def test_what_postgresql_or_kafka_cannot_hold_is_dead_lettered_and_the_rest_appl
 def test_redelivery_changes_nothing(env: Any) -> None:
     messages = [(m.key, m.value) for m in sample_memory_stream(300, tenants=3, seed=11)]
     env.produce(env.topic(MEMORY_EVENTS), messages)
-    worker = env.worker()
+    # The raw topic is kept (not trimmed), to be read again from offset 0 below.
+    worker = env.worker(raw_input_trim_seconds=0)
     env.wait_caught_up()
     before = env.checksums()
     with env.connect() as conn:
@@ -286,8 +294,8 @@ def test_redelivery_changes_nothing(env: Any) -> None:
     env.wait_caught_up()
     # ... and the whole topic consumed again from offset 0 by a fresh consumer group.
     worker.stop()
-    again = env.worker(group_prefix=env.settings.group_prefix + "-again")
-    env.wait_group_committed(again.settings.group_id("memory"), MEMORY_SEALED)
+    again = env.worker(group_prefix=env.settings.group_prefix + "-again", raw_input_trim_seconds=0)
+    env.wait_group_committed(again.settings.group_id("memory"), MEMORY_EVENTS)
 
     assert env.checksums() == before
     with env.connect() as conn:
@@ -365,12 +373,11 @@ def test_the_worker_exports_the_contract_metrics(env: Any) -> None:
     f = EventFactory(clock=datetime.now(UTC))
     env.produce_events([f.proposed("t1", "m1"), f.verified("t1", "m1", 9)])
     env.produce(env.topic(MEMORY_EVENTS), [(b"t1:x", b"not json")])
-    port, sealer_port = free_port(), free_port()
-    env.worker("sealer", metrics_port=sealer_port)  # dead letters are the sealer's
-    env.worker(metrics_port=port)
+    port = free_port()
+    env.worker(metrics_port=port)  # it seals too: the raw topic's dead letters are its own
     env.wait_caught_up()
     samples = {}
-    for each in (port, sealer_port):
+    for each in (port,):
         text = urllib.request.urlopen(f"http://127.0.0.1:{each}/metrics", timeout=10).read()
         samples.update(
             {
@@ -399,8 +406,9 @@ def free_port() -> int:
 def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_on(
     env: Any,
 ) -> None:
-    # 999 bytes whose ignored extra field nests 300 levels: it once stopped the sealer for
-    # good (the codec re-serialised it, and orjson writes at most 254 levels).
+    # 999 bytes whose ignored extra field nests 300 levels: it once stopped the sealer (the
+    # first stage then) for good (the codec re-serialised it, and orjson writes at most 254
+    # levels).
     f = EventFactory()
     key, value = to_message(f.proposed("t1", "poison"))
     poison = value[:-1] + b',"extra":' + b"[" * 300 + b"]" * 300 + b"}"
@@ -412,7 +420,7 @@ def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_o
             to_message(f.proposed("t1", "after")),
         ],
     )
-    sealer, worker = env.worker("sealer"), env.worker()
+    worker = env.worker()
     env.wait_caught_up()
     (view,) = open_topic_letters(env, MEMORY_EVENTS)
     assert view.letter.error_code == "invalid_event"
@@ -420,7 +428,7 @@ def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_o
     with env.connect() as conn:
         memories = {row[0] for row in conn.execute("SELECT memory_id FROM memories")}
     assert memories == {"before", "after"}
-    assert sealer.alive() and worker.alive()
+    assert worker.alive()
 
 
 def test_a_dropped_table_stops_the_worker_and_dead_letters_nothing(env: Any) -> None:

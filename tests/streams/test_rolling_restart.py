@@ -32,7 +32,7 @@ from topics.registry import (
 
 pytestmark = pytest.mark.integration
 
-KINDS = ("sealer", "memory", "conversation")
+KINDS = ("memory", "conversation")
 SHUTDOWN_BOUND_SECONDS = 20.0
 PHASE_MEMORIES, PHASE_CONVERSATIONS = 3000, 150
 

@@ -1,9 +1,9 @@
 """Contract 1.1: producers may write with Kafka transactions; memproj reads committed data only.
 
 Against the real broker: a transactional producer writes to the memory input topic, and the
-sealer and memory worker apply what was committed, never what was aborted, and the progress
-and lag helpers call them caught up although transaction markers and aborted messages (offsets
-no committed reader receives) sit at the end of the partitions.
+memory worker (which seals, then projects) applies what was committed, never what was aborted,
+and the progress and lag helpers call it caught up although transaction markers and aborted
+messages (offsets no committed reader receives) sit at the end of the partitions.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_aborted_transactions_are_never_applied_and_committed_ones_are(env: Any)
     produce_in_transaction(producer, topic, opened)  # left open for now
     env.produce_events(plain_3)
 
-    env.worker("memory")  # and the sealer
+    env.worker("memory")  # it seals, then projects
     ahead = {e["payload"]["memory_id"] for e in plain_1 + plain_2 + committed}
     env.wait_until(lambda: ahead <= set(stored_memories(env)), "the committed events")
     # The open transaction holds back what follows it on its partitions (the last stable
@@ -191,7 +191,7 @@ def test_aborted_transactions_are_never_applied_and_committed_ones_are(env: Any)
     assert env.read(MEMORY_SEALED, ".dlq") == []
 
     # The workers' groups commit up to the aborted tail; a committed reader has nothing left.
-    groups = [env.settings.group_id("sealer"), env.settings.group_id("memory")]
+    groups = [env.settings.group_id("memory")]
     collector = LagCollector(bootstrap, env.settings.group_prefix)
 
     last: list[Any] = []
@@ -208,7 +208,7 @@ def test_aborted_transactions_are_never_applied_and_committed_ones_are(env: Any)
         raise AssertionError(
             f"consumer lag left: {[lag for lag in last if lag.messages]}"
         ) from None
-    # Offsets alone would call that lag: the sealer's group stands short of the end, at the
+    # Offsets alone would call that lag: the memory group stands short of the end, at the
     # aborted tail (on every partition it has committed on).
     raw = [lag for lag in collector.collect([groups[0]]) if lag.topic == topic]
     assert raw

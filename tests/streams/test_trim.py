@@ -1,6 +1,7 @@
-"""Raw input dropped once sealed (streams.trim): the decision alone, then the sealer worker and
-the trimmer against the real Kafka and PostgreSQL: records below the sealer's committed
-offsets are deleted, records it has not committed are not, failures never raise."""
+"""Raw input dropped once sealed (streams.trim): the decision alone, then the memory worker
+(which seals its raw topic, issue 17) and the trimmer against the real Kafka and PostgreSQL:
+records below its committed raw offsets are deleted, records it has not committed are not,
+failures never raise."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from streams.trim import (
     classify,
     plan_trim,
 )
-from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, MEMORY_SEALED
+from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
 
 RAW = {"p.memory.events", "p.conversation.events"}
 
@@ -70,10 +71,11 @@ def low_watermarks(env: Any, topic: str) -> dict[int, int]:
 
 
 def sealer_offsets(env: Any, topic: str) -> dict[int, int]:
+    """The raw offsets the memory worker (which seals the raw topic) committed."""
     with env.connect() as conn:
         rows = conn.execute(
             "SELECT partition, next_offset FROM projection_offsets"
-            " WHERE projection = 'sealer' AND topic = %s",
+            " WHERE projection = 'memory' AND topic = %s",
             (topic,),
         ).fetchall()
     return {int(p): int(o) for p, o in rows}
@@ -81,8 +83,8 @@ def sealer_offsets(env: Any, topic: str) -> dict[int, int]:
 
 def trimmer(env: Any, deleter: Any, metrics: Metrics) -> tuple[RawInputTrimmer, Any]:
     pool: AsyncConnectionPool[Conn] = make_pool(env.settings.postgres_dsn, 1)
-    raw = [env.topic(MEMORY_EVENTS), env.topic(CONVERSATION_EVENTS)]
-    return RawInputTrimmer(pool, deleter, "sealer", raw, metrics, 1.0), pool
+    raw = [env.topic(MEMORY_EVENTS)]
+    return RawInputTrimmer(pool, deleter, "memory", raw, metrics, 1.0), pool
 
 
 def trim_once(env: Any, deleter: Any, metrics: Metrics) -> dict[Any, Any]:
@@ -106,7 +108,7 @@ def metric(metrics: Metrics, name: str, **labels: str) -> float:
 def test_the_sealer_deletes_raw_records_it_committed_and_keeps_the_rest(env: Any) -> None:
     topic = env.topic(MEMORY_EVENTS)
     f = EventFactory(id_prefix="trim")
-    sealer = env.worker("sealer", raw_input_trim_seconds=0.5)
+    sealer = env.worker("memory", raw_input_trim_seconds=0.5)  # it seals the raw topic
     produced = time.monotonic()
     env.produce_events(f.proposed("acme", f"m{i}") for i in range(30))
 
@@ -143,7 +145,7 @@ def test_the_sealer_deletes_raw_records_it_committed_and_keeps_the_rest(env: Any
     assert len(env.read(MEMORY_EVENTS)) == 5
 
     # Started again, it seals them and trims them.
-    env.worker("sealer", raw_input_trim_seconds=0.5)
+    env.worker("memory", raw_input_trim_seconds=0.5)
     lows = env.wait_until(trimmed_to_committed, "the restarted sealer trimmed the late records")
     assert sum(lows.values()) == 45 and env.read(MEMORY_EVENTS) == []
 
@@ -156,7 +158,7 @@ def test_a_refused_or_failed_trim_is_counted_and_never_raises(env: Any) -> None:
     with env.connect() as conn:
         conn.execute(
             "INSERT INTO projection_offsets (projection, topic, partition, next_offset)"
-            " VALUES ('sealer', %s, 0, 1000)",
+            " VALUES ('memory', %s, 0, 1000)",
             (topic,),
         )
     metrics = Metrics(CollectorRegistry())

@@ -64,12 +64,12 @@ class Planned:
 
 # How many workers consume each topic, each dead-lettering on its own.
 CONSUMERS: dict[str, int] = {
-    MEMORY_EVENTS.base_name: 1,  # the sealer
-    CONVERSATION_EVENTS.base_name: 1,  # the sealer
+    MEMORY_EVENTS.base_name: 1,  # the memory worker, which seals it
+    CONVERSATION_EVENTS.base_name: 1,  # the conversation worker, which seals it
     DELETION_REQUESTS.base_name: 1,  # the ledger
     DELETION_ACKS.base_name: 1,  # the ledger
-    MEMORY_SEALED.base_name: 1,  # the memory projection
-    CONVERSATION_SEALED.base_name: 1,  # the conversation projection
+    MEMORY_SEALED.base_name: 1,  # the memory projection of the sealed log
+    CONVERSATION_SEALED.base_name: 1,  # the conversation projection of the sealed log
     DELETION_TOMBSTONES.base_name: len(STORES),  # every derived store
     MEMORY_CURRENT.base_name: 2,  # embeddings-index and cache-freshness
     CONVERSATION_MESSAGES.base_name: 1,  # embeddings-index

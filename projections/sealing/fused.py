@@ -1,0 +1,202 @@
+"""One stage from the raw topic to the projection: seal and project in one transaction
+(issue 17, ops/decisions/one-hop.md).
+
+``SealingProjection(sealer, projection)`` is a ``streams.runner.Projection`` on the raw topic.
+Per batch, in the runner's one transaction: the sealer's codec validates each message once
+(invalid ones become dead letters, as the sealer made them); the shared tenant locks are
+taken, then the sealer's erasures and data keys (created where missing) and the projection's
+state are read; the validated events are sealed (``Sealer.reduce``: the sealed log's messages,
+erased entities written without their personal fields) and reduced by the projection's own
+reducer; the projection is saved, and the sealed messages are outbox outputs like
+``memory.current``: same key, same order as their input partition. The runner tracks the raw
+topic's offsets under the projection's name.
+
+What it writes equals what the unchanged projection computes from the sealed log it
+publishes: the projection decodes a sealed event to the event the sealer sealed (contract
+1.1's ``exclude_unset``), an erased one to an unreadable copy that its erasure guard refuses
+as ``erased`` exactly as the live event is refused (the projection's erasure keys include the
+sealer's), and its idempotency and rejections are decided by the same reducer on the same
+events in the same order. Rebuilds (``memproj replay``) read the sealed log with the
+projection alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import store as deletion_store
+from projections.idempotency import EventKey, ProcessedEvent
+from projections.sealing.sealer import Sealed, Sealer, SealingState
+from topics.codec import EventCodec
+from topics.envelope import Envelope
+from topics.messages import InputMessage
+from topics.outputs import Rejection
+from topics.registry import TopicSpec
+
+EventT = TypeVar("EventT", bound=Envelope)
+EventContra = TypeVar("EventContra", bound=Envelope, contravariant=True)
+StateT = TypeVar("StateT")
+OutcomeT = TypeVar("OutcomeT", bound="ProjectionOutcome")
+
+
+class ProjectionOutcome(Protocol):
+    """What a projection's batch result exposes (``streams.runner.Outcome``)."""
+
+    @property
+    def processed(self) -> list[ProcessedEvent]: ...
+
+    @property
+    def rejections(self) -> list[Rejection]: ...
+
+    @property
+    def redelivered(self) -> int: ...
+
+    @property
+    def shredded(self) -> int: ...
+
+    @property
+    def keys_to_shred(self) -> Mapping[tuple[str, str], str]:
+        """(tenant, entity id) -> the deletion: the data keys the batch destroys."""
+        ...
+
+    def applied_event_types(self) -> list[str]: ...
+
+
+class SealedLogProjection(Protocol[EventContra, StateT, OutcomeT]):
+    """The part of ``streams.runner.Projection`` the fused stage uses of a projection of the
+    sealed log (its codec and inputs are the sealer's here)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rejections_spec(self) -> TopicSpec: ...
+
+    @property
+    def tracks_event_ids(self) -> bool: ...
+
+    async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
+
+    def reduce(
+        self, events: Sequence[EventContra], state: StateT, seen: dict[EventKey, bytes]
+    ) -> OutcomeT: ...
+
+    async def save(self, conn: Conn, outcome: OutcomeT) -> None: ...
+
+    def outputs(self, outcome: OutcomeT) -> list[OutboxMessage]: ...
+
+    def committed(self, outcome: OutcomeT) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FusedState(Generic[StateT]):
+    sealing: SealingState
+    projection: StateT
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOutcome(Generic[OutcomeT]):
+    sealed: Sealed
+    projection: OutcomeT
+
+    @property
+    def processed(self) -> list[ProcessedEvent]:
+        return self.projection.processed
+
+    @property
+    def rejections(self) -> list[Rejection]:
+        return self.projection.rejections
+
+    @property
+    def redelivered(self) -> int:
+        return self.projection.redelivered
+
+    @property
+    def shredded(self) -> int:
+        return self.projection.shredded
+
+    def applied_event_types(self) -> list[str]:
+        return self.projection.applied_event_types()
+
+
+class SealingProjection(Generic[EventT, StateT, OutcomeT]):
+    """``projection`` fed from the raw topic through ``sealer`` (whose ``input_specs`` are
+    that one raw topic), the sealed log among its outputs."""
+
+    def __init__(
+        self, sealer: Sealer, projection: SealedLogProjection[EventT, StateT, OutcomeT]
+    ) -> None:
+        self.sealer = sealer
+        self.projection = projection
+
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+    @property
+    def input_specs(self) -> tuple[TopicSpec, ...]:
+        return self.sealer.input_specs
+
+    @property
+    def rejections_spec(self) -> TopicSpec:
+        return self.projection.rejections_spec
+
+    @property
+    def codec(self) -> EventCodec:
+        return self.sealer.codec
+
+    @property
+    def tracks_event_ids(self) -> bool:
+        return self.projection.tracks_event_ids
+
+    async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
+        """Raw input is plaintext: nothing to prepare."""
+
+    async def load(self, conn: Conn, events: Sequence[EventT]) -> FusedState[StateT]:
+        # The shared tenant locks first, once for the batch: a deletion of these tenants
+        # either committed before (its erasures are read below, and no key is created for
+        # what it erased) or waits until this batch commits. The projection's own load takes
+        # them again (granted at once: this transaction holds them).
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        sealing = await self.sealer.load(conn, events, locked=True)
+        return FusedState(sealing, await self.projection.load(conn, events))
+
+    def reduce(
+        self, events: Sequence[EventT], state: FusedState[StateT], seen: dict[EventKey, bytes]
+    ) -> FusedOutcome[OutcomeT]:
+        # Every validated event is sealed, whatever the projection decides of it (a rejection,
+        # a redelivery): the sealed log is the input of every rebuild, which decides again.
+        sealed = self.sealer.reduce(events, state.sealing, {})
+        # What the sealed log will give its readers of an event, where that is not the event:
+        # an erased entity's (written without its personal fields), and every event of this
+        # batch sealed with a key the projection destroys with it (it refuses one of them as
+        # erased). The projection decides those as a replay will: unreadable placeholders,
+        # which its erasure guard refuses or it skips as shredded, with the same body hashes.
+        # Rare (an erasure in the batch), and a fixed point in a pass or two.
+        unreadable = set(sealed.erased_at)
+        while True:
+            read = [
+                self.sealer.as_read_from_the_log(sealed.messages[i]) if i in unreadable else e
+                for i, e in enumerate(events)
+            ]
+            outcome = self.projection.reduce(read, state.projection, seen)  # type: ignore[arg-type]
+            shredding = unreadable | {
+                i
+                for i, e in enumerate(events)
+                if (e.tenant_id, e.entity_id) in outcome.keys_to_shred and self.sealer.seals(e)
+            }
+            if shredding == unreadable:
+                return FusedOutcome(sealed, outcome)
+            unreadable = shredding
+
+    async def save(self, conn: Conn, outcome: FusedOutcome[OutcomeT]) -> None:
+        await self.projection.save(conn, outcome.projection)
+
+    def outputs(self, outcome: FusedOutcome[OutcomeT]) -> list[OutboxMessage]:
+        return [*outcome.sealed.messages, *self.projection.outputs(outcome.projection)]
+
+    def committed(self, outcome: FusedOutcome[OutcomeT]) -> None:
+        self.projection.committed(outcome.projection)
