@@ -181,7 +181,11 @@ def _wait_completed(
                 for deletion_id, recorded, completed in requests
             }
             for deletion_id, store, acked in acks:
-                ledger[str(deletion_id)].acked[str(store)] = _moment(acked)
+                # recorded (with its acknowledgements) between the two reads: the next poll
+                # sees the request
+                entry = ledger.get(str(deletion_id))
+                if entry is not None:
+                    entry.acked[str(store)] = _moment(acked)
             done = sum(1 for entry in ledger.values() if entry.completed is not None)
             if done == len(deletion_ids) or time.monotonic() > deadline:
                 return ledger

@@ -34,8 +34,8 @@ MemoryVersionKey = tuple[str, str, int]  # tenant, memory, version
 def versions_made(stream: Sequence[SampleMessage]) -> dict[int, MemoryVersionKey]:
     """Message index -> the memory version it makes, for every message that makes one
     (not the refused, the dead-lettered or the redelivered), computed offline. The stream's
-    own expectations say what the sealer dead-letters: some of it (a value over the size
-    limit) decodes here."""
+    own expectations say what the memory workers dead-letter when they seal it: some of it (a
+    value over the size limit) decodes here."""
     schemas = default_schemas()
     codec = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
     indexes: dict[str, int] = {}

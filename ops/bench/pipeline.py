@@ -1,6 +1,7 @@
 """The workers under the benchmark: ``memproj worker KIND`` processes of one benchmark
-environment, and the live pipeline (``sealer`` and ``memory``) timed together or one stage
-at a time. The shared base of ops/bench/projection.py and its parts."""
+environment, and the live pipeline: ``memory`` workers, which validate, seal and project the
+raw topic in one stage (issue 17, ops/decisions/one-hop.md), timed while the stream is
+produced or from a backlog. The shared base of ops/bench/projection.py and its parts."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from cpu_time import CpuMeter, StackProcesses  # ops/bench/cpu_time.py, beside t
 from rss import PeakRss  # ops/bench/rss.py
 
 from streams.kafka import admin_config, producer_config
-from streams.progress import wait_caught_up, wait_pipeline
+from streams.progress import wait_pipeline
 from streams.settings import Settings
-from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
+from topics.registry import MEMORY_EVENTS
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CONSUMER_GROUP = frozenset({"monitor"})  # it reads lag and audits; it consumes nothing
@@ -45,9 +46,9 @@ def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]
 
 
 def pipeline_kinds(memory_workers: int) -> list[str]:
-    """The live memory pipeline: the sealer, then ``memory_workers`` memory workers reading
-    the sealed log the sealer writes."""
-    return ["sealer"] + ["memory"] * memory_workers
+    """The live memory pipeline: ``memory_workers`` memory workers, each sealing and
+    projecting its share of the raw topic (the sealed log is one of their outputs)."""
+    return ["memory"] * memory_workers
 
 
 class Workers:
@@ -127,23 +128,17 @@ class Workers:
             if kind == "memory":
                 process.send_signal(number)
 
-    def wait(self, stage: str) -> None:
-        """Until ``stage`` (the sealer, the memory projection or both, ``pipeline``) has
-        applied everything produced so far."""
+    def wait(self) -> None:
+        """Until the memory workers have applied everything produced so far (and published
+        what it produced, the sealed log among it)."""
         settings = self.settings
-        raw = settings.topics.name(MEMORY_EVENTS)
-        sealed = settings.topics.name(MEMORY_SEALED)
 
         async def caught_up() -> None:
             bootstrap = settings.kafka_bootstrap
             async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
-                if stage == "pipeline":
-                    await wait_pipeline(
-                        conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
-                    )
-                else:
-                    topic = raw if stage == "sealer" else sealed
-                    await wait_caught_up(conn, bootstrap, stage, topic, 900, interval=0.05)
+                await wait_pipeline(
+                    conn, bootstrap, settings.topics, MEMORY_EVENTS, "memory", 900, 0.05
+                )
 
         async def unless_a_worker_exits() -> None:
             waiting = asyncio.ensure_future(caught_up())
@@ -164,7 +159,7 @@ class Workers:
     def warm_up(self, messages: list[Any]) -> None:
         """Every worker has joined its group and applied a batch before any clock starts."""
         produce(self.settings, messages[:1])
-        self.wait("pipeline")
+        self.wait()
         for kind in set(self.kinds) - NO_CONSUMER_GROUP:
             self.wait_until_stable(kind, len(self.running(kind)))
 
@@ -217,27 +212,25 @@ def projection_apply(
 
         def produce_and_apply() -> None:
             produce(settings, messages[1:])
-            workers.wait("pipeline")
+            workers.wait()
 
         return timed(workers, stack, produce_and_apply)
 
 
-def stages_alone(
+def from_backlog(
     settings: Settings,
     messages: list[Any],
     log_path: Path,
     memory_workers: int,
     stack: StackProcesses | None = None,
     peak_rss: PeakRss | None = None,
-) -> tuple[tuple[float, CpuMeter], tuple[float, CpuMeter]]:
-    """Each stage of the live pipeline on its own: the sealer from the raw topic while the
-    memory workers are paused (SIGSTOP), then the memory workers from the sealed log the
-    sealer wrote. The memory projection's own rate, from its input topic to committed rows."""
+) -> tuple[float, CpuMeter]:
+    """The one stage alone, from a backlog: the stream is produced while the memory workers
+    are paused (SIGSTOP), then timed from their resumption to the last committed row (the
+    stage's own rate from its input topic, without the producer beside it)."""
     with Workers(settings, log_path, pipeline_kinds(memory_workers), peak_rss) as workers:
         workers.warm_up(messages)
         workers.signal_memory_workers(signal.SIGSTOP)
         produce(settings, messages[1:])
-        sealer = timed(workers, stack, lambda: workers.wait("sealer"))
         workers.signal_memory_workers(signal.SIGCONT)
-        memory = timed(workers, stack, lambda: workers.wait("memory"))
-        return sealer, memory
+        return timed(workers, stack, workers.wait)

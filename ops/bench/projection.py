@@ -1,7 +1,7 @@
 """Memory projection apply rate, beside its baselines, and every target of issue 17, in one run.
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
-        [--no-stages] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
+        [--no-backlog] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
@@ -13,12 +13,13 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
   ratios use the mean of the two: on a shared machine the load drifts over a run;
 - faust no-op agent: memproj's faust app and a ``noack_take`` loop, acknowledging only: what
   faust's per-event machinery costs the agents that still run on it;
-- projection apply: ``memproj worker sealer`` then ``memproj worker memory`` (sealing, decode,
-  reduce, one transaction per batch, outbox publish, offsets committed), from the first
+- projection apply: ``memproj worker memory`` (batches from librdkafka, validation, sealing,
+  reduce, one transaction per batch, outbox publish of the sealed log and memory.current,
+  offsets committed: one stage since issue 17, ops/decisions/one-hop.md), from the first
   produced event to the last committed row;
-- each stage of it alone, in an environment of its own: the sealer from the raw topic while
-  the memory workers are paused, then the memory workers from the sealed log the sealer wrote
-  (the memory projection's own rate from its input topic);
+- the same stage from a backlog, in an environment of its own: the stream produced while the
+  memory workers are paused, timed from their resumption (the stage's own rate from its
+  input topic, without the producer beside it);
 - rebuild from earliest: ``memproj replay memory`` of the live apply's sealed log into a
   shadow schema (the same runner, reducer and guard, read with a plain consumer);
 - freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
@@ -61,7 +62,7 @@ from erasure_load import STORE_WORKERS, measure_erasure_under_load
 from erasure_load import TARGET_P99_MS as ERASURE_TARGET_MS
 from freshness import TARGET_P99_MS as FRESHNESS_TARGET_MS
 from freshness import Freshness, measure_freshness, versions_made
-from pipeline import Workers, pipeline_kinds, produce, projection_apply, stages_alone
+from pipeline import Workers, from_backlog, pipeline_kinds, produce, projection_apply
 from rss import LIMIT_MB as RSS_LIMIT_MB
 from rss import PeakRss
 from scale_out import measure_scale_out
@@ -198,7 +199,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memories", type=int, default=40_000)
     parser.add_argument("--workers", type=int, default=1, help="memory worker processes")
-    parser.add_argument("--no-stages", action="store_true", help="skip each stage alone")
+    parser.add_argument(
+        "--no-backlog", "--no-stages", action="store_true", help="skip the run from a backlog"
+    )
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
     parser.add_argument("--no-freshness", action="store_true", help="skip freshness")
     parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
@@ -211,7 +214,7 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     live = isolated(base, run, "")
     stages = isolated(base, run, "stages")
-    # The memory workers stay paused while the sealer runs alone: no eviction from the group.
+    # The memory workers stay paused while the backlog is produced: no eviction from the group.
     stages.settings = stages.settings.model_copy(update={"kafka_session_timeout_seconds": 60.0})
     baselines = [isolated(base, run, f"base{n}") for n in (1, 2)]
     fresh = isolated(base, run, "fresh")
@@ -241,8 +244,8 @@ def main() -> None:
         )
         apply_rate = (count - 1) / apply_seconds  # the warm-up event is applied untimed
         no_churn_checksum = projection_checksum(live.settings)
-        if not args.no_stages:
-            parts["stages"] = stages_alone(
+        if not args.no_backlog:
+            parts["backlog"] = from_backlog(
                 stages.settings, messages, RESULTS / f"worker-{run}-stages", args.workers, stack
             )
         if not args.no_rebuild:
@@ -310,14 +313,12 @@ def main() -> None:
         "peak_rss_mb": peak_rss.by_kind(),
         "peak_rss_limit_mb": RSS_LIMIT_MB,
     }
-    if "stages" in parts:
-        (sealer_seconds, sealer_cpu), (memory_seconds, memory_cpu) = parts["stages"]
-        result["sealer_alone_events_per_s"] = round(applied / sealer_seconds)
+    if "backlog" in parts:  # the one stage from a backlog (the name is the results' own)
+        memory_seconds, memory_cpu = parts["backlog"]
         result["memory_projection_alone_events_per_s"] = round(applied / memory_seconds)
         result["memory_projection_alone_vs_bare_upsert"] = round(
             applied / memory_seconds / upsert_rate, 2
         )
-        result["sealer_alone_cpu_us_per_event"] = sealer_cpu.per_event(applied)
         result["memory_projection_alone_cpu_us_per_event"] = memory_cpu.per_event(applied)
     if rebuild is not None:
         result["rebuild_from_earliest_events_per_s"] = round(rebuild.rate)
@@ -436,14 +437,13 @@ def report(result: dict[str, Any], versions: int) -> None:
         ),
         ("projection apply (pipeline)", f"{result['projection_apply_events_per_s']:>10,} events/s"),
     ]
-    if "sealer_alone_events_per_s" in result:
-        lines += [
-            ("  sealer alone", f"{result['sealer_alone_events_per_s']:>10,} events/s"),
+    if "memory_projection_alone_events_per_s" in result:
+        lines.append(
             (
-                "  memory projection alone",
+                "  from a backlog",
                 f"{result['memory_projection_alone_events_per_s']:>10,} events/s",
-            ),
-        ]
+            )
+        )
     if "rebuild_from_earliest_events_per_s" in result:
         lines.append(
             (
@@ -463,7 +463,7 @@ def report(result: dict[str, Any], versions: int) -> None:
     if "memory_projection_alone_vs_bare_upsert" in result:
         lines.append(
             (
-                "memory alone / bare upsert",
+                "backlog / bare upsert",
                 f"{result['memory_projection_alone_vs_bare_upsert']:>10.2f}",
             )
         )
@@ -511,8 +511,7 @@ def report(result: dict[str, Any], versions: int) -> None:
     )
     for label, key in (
         ("live apply", "apply_cpu_us_per_event"),
-        ("sealer alone", "sealer_alone_cpu_us_per_event"),
-        ("memory projection alone", "memory_projection_alone_cpu_us_per_event"),
+        ("from a backlog", "memory_projection_alone_cpu_us_per_event"),
         ("bare upsert", "bare_upsert_cpu_us_per_event"),
     ):
         if key in result:

@@ -1,19 +1,19 @@
 """Scale-out: memory workers join and leave during a live apply, and nothing changes.
 
-The run's stream is produced at a fixed rate into a pipeline of its own (sealer and the run's
-memory workers); a third and then a fourth memory worker join, then one of the first leaves
-(SIGTERM: it drains, commits and leaves the group). Once everything is applied the
-projection's checksum (``projections.memory.store.checksums``: counts and a digest of current
-records and history, per tenant) must equal the live apply's, which applied the same stream
-without churn.
+The run's stream is produced at a fixed rate into a pipeline of its own (the run's memory
+workers, which seal and project the raw topic in one stage); a third and then a fourth memory
+worker join, then one of the first leaves (SIGTERM: it drains, commits and leaves the group).
+Once everything is applied the projection's checksum (``projections.memory.store.checksums``:
+counts and a digest of current records and history, per tenant) must equal the live apply's,
+which applied the same stream without churn.
 
-The rebalance pauses come from the projection's own progress: its tracked offsets
-(``projection_offsets``, written in each batch's transaction) are sampled every 50 ms. Around
-each join or leave, from the moment the worker was started or signalled to 3 s after the
-group was stable again, it reports the longest time the whole group committed nothing (every
-partition stopped) and the longest any one partition committed nothing (a partition moving
-between members). The same two figures over the steady stretch before the first join are the
-baseline: batches are committed every ``MEMPROJ_BATCH_MAX_WAIT_SECONDS`` or so anyway.
+The rebalance pauses come from the projection's own progress: its tracked offsets of the raw
+topic (``projection_offsets``, written in each batch's transaction) are sampled every 50 ms.
+Around each join or leave, from the moment the worker was started or signalled to 3 s after
+the group was stable again, it reports the longest time the whole group committed nothing
+(every partition stopped) and the longest any one partition committed nothing (a partition
+moving between members). The same two figures over the steady stretch before the first join
+are the baseline: batches are committed every ``MEMPROJ_BATCH_MAX_WAIT_SECONDS`` or so anyway.
 """
 
 from __future__ import annotations
@@ -31,18 +31,19 @@ from pipeline import Workers, pipeline_kinds  # ops/bench/pipeline.py
 from rss import PeakRss  # ops/bench/rss.py
 
 from streams.settings import Settings
-from topics.registry import MEMORY_SEALED
+from topics.registry import MEMORY_EVENTS
 
 SAMPLE_SECONDS = 0.05
 SETTLED_MARGIN_SECONDS = 3.0
 
 
 class ProgressSampler:
-    """The memory projection's tracked offset per partition of the sealed log, over time."""
+    """The memory projection's tracked offset per partition of the raw topic it reads (and
+    seals) over time."""
 
     def __init__(self, settings: Settings) -> None:
         self._conninfo = settings.postgres_conninfo
-        self._topic = settings.topics.name(MEMORY_SEALED)
+        self._topic = settings.topics.name(MEMORY_EVENTS)
         self.samples: list[tuple[float, dict[int, int]]] = []
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
@@ -150,7 +151,7 @@ def measure_scale_out(
             churn.append(Churn("leave #1", started, time.monotonic()))
             producer.join()
             produced_until = time.monotonic()
-            workers.wait("pipeline")
+            workers.wait()
         same = checksum(settings) == expected_checksum
     total, partitions = progress.advances()
     steady = (began + 2.0, churn[0].started)

@@ -11,13 +11,16 @@ from pathlib import Path
 
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
+from streams.worker import WORKER_KINDS
 
 # The benchmark's modules import each other as scripts do, from their own directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops" / "bench"))
 
 import cpu_time
 import environment
+import erasure_load
 import freshness
+import pipeline
 import rss
 import scale_out
 
@@ -83,3 +86,10 @@ def test_cpu_totals_add_every_process() -> None:
     assert cpu_time.total({"worker": 10.25, cpu_time.BROKER: 2.5, cpu_time.THIS_PROCESS: 1}) == (
         13.8
     )
+
+
+def test_the_benchmark_starts_only_real_worker_kinds() -> None:
+    # one hop (ops/decisions/one-hop.md): the memory workers seal, there is no sealer kind
+    assert pipeline.pipeline_kinds(2) == ["memory", "memory"]
+    started = {*pipeline.pipeline_kinds(1), *erasure_load.STORE_WORKERS, "monitor"}
+    assert started <= set(WORKER_KINDS)
