@@ -38,7 +38,8 @@ from typing import Generic, Protocol, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn, OutboxMessage, PostgresTracking, RejectionRow, Tracking
-from projections.idempotency import EventKey, ProcessedEvent
+from projections.idempotency import EventKey
+from projections.outcome import Outcome
 from streams.failures import OversizedOutput, retry_transient
 from streams.isolation import Failure, Isolation, message_failure, stage
 from streams.metrics import Metrics
@@ -55,24 +56,6 @@ EventContra = TypeVar("EventContra", bound=EventLike, contravariant=True)
 StateT = TypeVar("StateT")
 OutcomeT = TypeVar("OutcomeT", bound="Outcome")
 T = TypeVar("T")
-
-
-class Outcome(Protocol):
-    """What every reducer's batch result exposes to the runner."""
-
-    @property
-    def processed(self) -> list[ProcessedEvent]: ...
-
-    @property
-    def rejections(self) -> list[Rejection]: ...
-
-    @property
-    def redelivered(self) -> int: ...
-
-    @property
-    def shredded(self) -> int: ...
-
-    def applied_event_types(self) -> list[str]: ...
 
 
 class Publisher(Protocol):

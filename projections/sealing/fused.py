@@ -29,6 +29,7 @@ from typing import Generic, Protocol, TypeVar
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.idempotency import EventKey, ProcessedEvent
+from projections.outcome import Outcome
 from projections.sealing.sealer import Sealed, Sealer, SealingState
 from topics.codec import EventCodec
 from topics.envelope import Envelope
@@ -39,30 +40,17 @@ from topics.registry import TopicSpec
 EventT = TypeVar("EventT", bound=Envelope)
 EventContra = TypeVar("EventContra", bound=Envelope, contravariant=True)
 StateT = TypeVar("StateT")
-OutcomeT = TypeVar("OutcomeT", bound="ProjectionOutcome")
+OutcomeT = TypeVar("OutcomeT", bound="ShreddingOutcome")
 
 
-class ProjectionOutcome(Protocol):
-    """What a projection's batch result exposes (``streams.runner.Outcome``)."""
-
-    @property
-    def processed(self) -> list[ProcessedEvent]: ...
-
-    @property
-    def rejections(self) -> list[Rejection]: ...
-
-    @property
-    def redelivered(self) -> int: ...
-
-    @property
-    def shredded(self) -> int: ...
+class ShreddingOutcome(Outcome, Protocol):
+    """A projection's batch result, and the data keys the batch destroys, which the fused
+    stage needs to decide events as a replay of the sealed log will."""
 
     @property
     def keys_to_shred(self) -> Mapping[tuple[str, str], str]:
         """(tenant, entity id) -> the deletion: the data keys the batch destroys."""
         ...
-
-    def applied_event_types(self) -> list[str]: ...
 
 
 class SealedLogProjection(Protocol[EventContra, StateT, OutcomeT]):
