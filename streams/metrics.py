@@ -195,7 +195,10 @@ class Metrics:
 
     def update_staleness(self, now: datetime) -> None:
         for projection, newest in self._newest_applied.items():
-            self.projection_staleness.labels(projection).set((now - newest).total_seconds())
+            # A producer's clock ahead of this host's puts occurred_at in the future: the
+            # projection is then current, not ahead (a negative gauge would read as better).
+            staleness = max(0.0, (now - newest).total_seconds())
+            self.projection_staleness.labels(projection).set(staleness)
 
     def rejected(self, reason: str) -> None:
         self.events_rejected.labels(reason).inc()

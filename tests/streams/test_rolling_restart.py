@@ -292,7 +292,7 @@ def test_a_rolling_restart_of_the_erasure_path_completes_every_deletion_once(env
         # No redelivery by the ledger: a tombstone handled twice would show as a second ack.
         "deletion_redelivery_seconds": 3600.0,
     }
-    kinds = ("sealer", "memory", "conversation", *ERASURE_KINDS)
+    kinds = ("memory", "conversation", *ERASURE_KINDS)
     ports = {kind: free_port() for kind in kinds}
     workers = {kind: env.worker(kind, metrics_port=ports[kind], **options) for kind in kinds}
     for kind in kinds:
