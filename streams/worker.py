@@ -402,6 +402,8 @@ WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
     **{store: partial(build_store_worker, store=store) for store in STORE_NAMES},
     "monitor": build_monitor_worker,
 }
+# Every kind but the monitor, which consumes no topic.
+CONSUMING_KINDS = tuple(kind for kind in WORKER_KINDS if kind != "monitor")
 
 
 class GracefulWorker(mode.Worker):

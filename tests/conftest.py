@@ -282,9 +282,6 @@ class Env:
         return asyncio.run(compute())
 
 
-ALL_WORKERS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
-
-
 def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Settings, str]:
     schema = f"t_{name}"
     dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")

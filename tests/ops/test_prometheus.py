@@ -27,13 +27,13 @@ from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry, memory_entry_id
 from streams.cli import cli
 from streams.sample import EventFactory
+from streams.worker import CONSUMING_KINDS
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "ops" / "prometheus" / "alerts.yml"
 DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
-KINDS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
 
 
 def free_port() -> int:
@@ -212,7 +212,7 @@ def seed(env: Any, f: EventFactory) -> None:
 def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
     env: Any, prometheus_for: Any
 ) -> None:
-    ports = {kind: free_port() for kind in (*KINDS, "monitor")}
+    ports = {kind: free_port() for kind in (*CONSUMING_KINDS, "monitor")}
     overrides = {"monitor_interval_seconds": 1.0, "audit_interval_seconds": 1.0}
     workers = {
         kind: env.worker(kind, metrics_port=port, **overrides) for kind, port in ports.items()

@@ -38,6 +38,7 @@ from projections.migrate import migrate
 from streams.kafka import create_topics, delete_topics, producer_config
 from streams.progress import end_offsets, wait_caught_up
 from streams.settings import Settings
+from streams.worker import CONSUMING_KINDS
 from support.deadletters import open_views
 from support.hostile.corpus import corpus
 from support.hostile.plan import (
@@ -68,18 +69,9 @@ from topics.registry import (
 pytestmark = pytest.mark.integration
 
 # Every worker that consumes a topic the suite writes to (not the monitor).
-KINDS = (
-    "memory",
-    "conversation",
-    "deletion",
-    "embeddings",
-    "summaries",
-    "cache",
-    "context",
-)
 # The twin runs them all too: the summaries and context stores erase their own rows of the
 # conversation tables compared.
-TWIN_KINDS = KINDS
+TWIN_KINDS = CONSUMING_KINDS
 # The derived stores' consumer groups and the topics each consumes.
 GROUP_TOPICS: dict[str, tuple[TopicSpec, ...]] = {
     "embeddings": (MEMORY_CURRENT, CONVERSATION_MESSAGES, DELETION_TOMBSTONES),
@@ -564,7 +556,7 @@ def test_hostile_input_is_dead_lettered_and_the_valid_stream_applied(env: Any, t
     plan = corpus()
     problems = Problems()
 
-    produced = run(env, plan, KINDS, MAIN_SECONDS)
+    produced = run(env, plan, CONSUMING_KINDS, MAIN_SECONDS)
     hostile_seconds = time.monotonic() - started
     judge_workers(env, problems)
     letters = read_letters(env, produced)
@@ -597,7 +589,7 @@ def isolated(env: Any, plan: Corpus, seconds: float = 120) -> None:
     """Run every worker on a one-phase plan, then judge: whatever exits is reported, not
     waited for."""
     problems = Problems()
-    start(env, KINDS)
+    start(env, CONSUMING_KINDS)
     (phase,) = plan.phases
     produced = produce(env, phase)
     settle(env, Deadline(seconds), tolerate_exits=True)

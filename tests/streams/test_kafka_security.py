@@ -31,7 +31,7 @@ from streams.kafka_security import KafkaSecurityError
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.settings import Settings
-from streams.worker import memory_projection
+from streams.worker import CONSUMING_KINDS, memory_projection
 from support.deletion_scenario import ready, recent_factory, request, seed, wait_verified
 from topics.registry import MEMORY_EVENTS
 
@@ -221,15 +221,6 @@ def test_mutual_tls_with_the_stack_client_certificate(stack: Settings) -> None:
 # rebuild and the CLI, all over SASL_SSL; then no worker log and no CLI output holds the Kafka
 # password or the master key.
 
-WORKER_KINDS = (
-    "memory",
-    "conversation",
-    "deletion",
-    "embeddings",
-    "summaries",
-    "cache",
-    "context",
-)
 # The settings that say how a client reaches Kafka; everything else stays the test's own.
 KAFKA_CLIENT_FIELDS = (
     "kafka_bootstrap",
@@ -270,7 +261,7 @@ def test_every_operation_runs_as_memproj_over_sasl_ssl_and_leaks_no_secret(
     memproj = over_sasl_ssl(secure_env.settings, "memproj")
     f = recent_factory()
     seed(secure_env, f)
-    for kind in WORKER_KINDS:
+    for kind in CONSUMING_KINDS:
         start_secure(secure_env, kind)
     ready(secure_env)
 
