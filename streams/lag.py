@@ -30,6 +30,7 @@ from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
+    KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -61,29 +62,75 @@ class Head:
     timestamp: datetime | None  # None: the message has no timestamp
 
 
+RETRY_PAUSE_SECONDS = 0.1
+_SPECS = {"low": OffsetSpec.earliest(), "end": OffsetSpec.latest()}  # type: ignore[no-untyped-call]
+
+
 def watermarks(
     admin: AdminClient, partitions: Iterable[Position], timeout: float = 10.0
 ) -> dict[Position, tuple[int, int]]:
     """(low, end) per partition, the end being the last stable offset: the high watermark
-    when no transaction is open, else the first offset of the oldest open transaction."""
+    when no transaction is open, else the first offset of the oldest open transaction.
+
+    A retriable refusal (a partition whose leader is moving, or not yet elected on a topic
+    just created: ``NOT_LEADER_FOR_PARTITION``) is asked again until ``timeout``; anything
+    else, or a refusal past the deadline, raises."""
     wanted = sorted(set(partitions))
-    if not wanted:
-        return {}
-    specs = {"low": OffsetSpec.earliest(), "end": OffsetSpec.latest()}  # type: ignore[no-untyped-call]
-    # Both requests in flight together.
+    found: dict[str, dict[Position, int]] = defaultdict(dict)
+    deadline = time.monotonic() + timeout
+    pending = {name: list(wanted) for name in ("low", "end")}
+    while True:
+        pending = _list_offsets(admin, pending, found, max(deadline - time.monotonic(), 0.1))
+        if not any(pending.values()):
+            break
+        if time.monotonic() >= deadline:
+            raise KafkaException(f"offsets of {pending} still refused after {timeout} s")
+        time.sleep(RETRY_PAUSE_SECONDS)
+    return {position: (found["low"][position], found["end"][position]) for position in wanted}
+
+
+# Refusals that mean "ask again shortly": the admin client does not always flag them
+# retriable in what it hands back for one partition.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,  # a topic just created, not yet known to every broker
+    }
+)
+
+
+def _transient(error: KafkaError) -> bool:
+    return bool(error.retriable()) or error.code() in _TRANSIENT
+
+
+def _list_offsets(
+    admin: AdminClient,
+    pending: Mapping[str, list[Position]],
+    found: dict[str, dict[Position, int]],
+    timeout: float,
+) -> dict[str, list[Position]]:
+    """One round of ``list_offsets`` for what is ``pending`` (both specs in flight together),
+    answers into ``found``; returns what was refused retriably, to ask again."""
     requests = {
         name: admin.list_offsets(
-            {TopicPartition(topic, partition): spec for topic, partition in wanted},
+            {TopicPartition(topic, partition): _SPECS[name] for topic, partition in positions},
             isolation_level=IsolationLevel.READ_COMMITTED,
             request_timeout=timeout,
         )
-        for name, spec in specs.items()
+        for name, positions in pending.items()
+        if positions
     }
-    found: dict[str, dict[Position, int]] = defaultdict(dict)
+    refused: dict[str, list[Position]] = defaultdict(list)
     for name, futures in requests.items():
         for tp, future in futures.items():
-            found[name][(tp.topic, tp.partition)] = future.result(timeout=timeout).offset
-    return {position: (found["low"][position], found["end"][position]) for position in wanted}
+            try:
+                found[name][(tp.topic, tp.partition)] = future.result(timeout=timeout).offset
+            except KafkaException as error:
+                if not error.args or not _transient(error.args[0]):
+                    raise
+                refused[name].append((tp.topic, tp.partition))
+    return refused
 
 
 def probe_consumer(bootstrap: KafkaTarget) -> Consumer:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from streams.kafka import admin_config, consumer_config, producer_config
-from streams.lag import LagCollector
+from streams.lag import LagCollector, watermarks
 from topics.registry import MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
@@ -155,3 +163,49 @@ def test_lag_counts_only_what_a_committed_reader_can_still_receive(env: Any) -> 
     wait_stable(env, topic, 16)
     messages, seconds, end = lags()["before-aborted-tail"]
     assert end == 16 and messages == 16 - 13 and seconds < 60
+
+
+class RefusingOnce:
+    """An admin client whose first ``list_offsets`` answer for each partition is the
+    retriable refusal a broker gives while a new topic's leader is being elected."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.asked: dict[tuple[str, int], int] = {}
+
+    def list_offsets(self, requests: dict[TopicPartition, Any], **_: Any) -> dict[Any, Any]:
+        answers: dict[Any, Any] = {}
+        for tp in requests:
+            key = (tp.topic, tp.partition)
+            self.asked[key] = self.asked.get(key, 0) + 1
+            future: Future[Any] = Future()
+            if self.asked[key] == 1:
+                future.set_exception(
+                    KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+                )
+            else:
+                future.set_result(type("Answer", (), {"offset": self.offset})())
+            answers[tp] = future
+        return answers
+
+
+def test_watermarks_ask_again_while_a_leader_is_elected() -> None:
+    admin = RefusingOnce(offset=7)
+    marks = watermarks(admin, [("t", 0), ("t", 1)], timeout=5)  # type: ignore[arg-type]
+    assert marks == {("t", 0): (7, 7), ("t", 1): (7, 7)}
+
+
+def test_watermarks_raise_a_refusal_that_is_not_retriable() -> None:
+    class Refusing:
+        def list_offsets(self, requests: dict[TopicPartition, Any], **_: Any) -> dict[Any, Any]:
+            answers: dict[Any, Any] = {}
+            for tp in requests:
+                future: Future[Any] = Future()
+                future.set_exception(
+                    KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+                )
+                answers[tp] = future
+            return answers
+
+    with pytest.raises(KafkaException):
+        watermarks(Refusing(), [("t", 0)], timeout=5)  # type: ignore[arg-type]
