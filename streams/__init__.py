@@ -1,1 +1,2 @@
-"""Stream processing: the Faust app factory, agents, worker services and the ``memproj`` CLI."""
+"""Stream processing: the batch consumer and loop, agents, worker services, read paths and
+the ``memproj`` CLI."""

@@ -1,7 +1,7 @@
-"""Batches straight from a confluent-kafka consumer: the hot path's ``BatchSource``.
+"""Batches straight from a confluent-kafka consumer: every worker agent's ``BatchSource``.
 
-Faust hands an agent one message at a time (about 30 µs of framework per message per stage);
-librdkafka hands out a batch in one call. ``KafkaBatchSource`` gives the batch loop
+Faust handed an agent one message at a time (about 30 µs of framework per message per
+stage); librdkafka hands out a batch in one call. ``KafkaBatchSource`` gives the batch loop
 (``streams.loop``) what ``consume(num_messages=max_events, timeout=max_wait)`` returns, run
 on a thread of its own so that the event loop never blocks on Kafka, and commits offsets
 itself, only for what the loop acknowledged (at-least-once; the runners' tracking offsets in

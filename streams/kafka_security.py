@@ -7,8 +7,6 @@ built once from the settings into the configuration of every client memproj crea
   AdminClient starts from (``streams.kafka.producer_config`` and friends merge it in), with an
   ``error_cb`` that turns an authentication or TLS failure into ``KafkaSecurityError``, raised
   from the client's next ``poll``/``flush``: librdkafka itself would retry it forever;
-- ``faust_credentials()``: the same security for faust's aiokafka clients
-  (``broker_credentials``);
 - ``check_connection()``: a metadata request that fails within seconds naming the cause
   (wrong password, untrusted certificate, unreachable broker), run before a worker starts.
 
@@ -18,17 +16,14 @@ A password lives in a ``SecretStr``: it is in no ``repr``, no log line and no er
 from __future__ import annotations
 
 import enum
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata  # type: ignore[attr-defined]
-from faust.types.auth import CredentialsT
 from pydantic import SecretStr
 
 
@@ -124,34 +119,6 @@ class KafkaSecurity:
                 config["ssl.key.location"] = str(self.key_file)
         return config
 
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context of faust's aiokafka clients (None without TLS). Without a CA file
-        the system's trusted CAs apply, as for librdkafka."""
-        if not self.protocol.uses_tls:
-            return None
-        context = ssl.create_default_context(
-            ssl.Purpose.SERVER_AUTH, cafile=str(self.ca_file) if self.ca_file else None
-        )
-        context.check_hostname = self.check_hostname
-        if self.cert_file is not None and self.key_file is not None:
-            context.load_cert_chain(str(self.cert_file), str(self.key_file))
-        return context
-
-    def faust_credentials(self) -> CredentialsT | None:
-        """faust's ``broker_credentials`` (None: plaintext, faust's default)."""
-        context = self.ssl_context()
-        if self.protocol.uses_sasl:
-            assert self.password is not None  # __post_init__
-            return faust.SASLCredentials(
-                username=self.username,
-                password=self.password.get_secret_value(),
-                ssl_context=context,
-                mechanism=self.mechanism.value,
-            )
-        if context is not None:
-            return faust.SSLCredentials(context)
-        return None
-
 
 def fatal_cause(error: KafkaError) -> str | None:
     """Why ``error`` cannot go away by retrying (authentication or TLS), or None if it can.
@@ -214,15 +181,12 @@ class KafkaCluster:
             "error_cb": self.error_callback(),
         }
 
-    def faust_credentials(self) -> CredentialsT | None:
-        return self.security.faust_credentials()
-
     def check_connection(self, timeout: float = 20.0, group: str | None = None) -> ClusterMetadata:
         """One metadata request, tried until ``timeout``: returns the metadata, or raises
         ``KafkaSecurityError`` as soon as librdkafka reports an authentication or TLS failure
         (within a second or two) and ``KafkaException`` naming the cluster after ``timeout``.
         With ``group``, the principal must also be allowed to describe that consumer group
-        (a worker's own): an authorization failure is named, not retried by faust."""
+        (a worker's own): an authorization failure is named, not retried."""
         metadata = self._metadata(timeout)
         if group is not None:
             self._check_group(group, timeout)

@@ -1,9 +1,8 @@
 """The one batched loop every agent runs: batches in, handled, acknowledged.
 
 Where batches come from is a seam of its own (``BatchSource``): a confluent-kafka batch
-consumer on the hot path (``streams.consumer``), faust's stream for the other agents
-(``streams.agents.source``); batching, isolation, retries and acknowledgement stay the
-same. For each batch the loop:
+consumer in the workers (``streams.consumer``), replay's reader, a test's fake; batching,
+isolation, retries and acknowledgement stay the same. For each batch the loop:
 
 1. splits it into parts of at most ``max_bytes`` (a message larger than that is a part alone);
 2. hands each part to the handler, retrying transient failures with backoff until they pass
@@ -40,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Batch:
     messages: Sequence[InputMessage]
-    # What the source needs to acknowledge the batch (faust's events, or the offsets).
+    # What the source needs to acknowledge the batch (the offsets it commits).
     token: Any = None
 
 
@@ -181,8 +180,8 @@ class BatchLoop:
         finally:
             writer.cancel()
         # A writer that failed has asked the worker to stop: the loop returns instead of
-        # raising, so that faust's supervisor does not restart the agent while the worker
-        # stops (with two agents failing together, that restart hung the worker).
+        # raising, so that the failure is reported once, through ``stop``, while the worker
+        # stops (with two agents failing together, a supervisor's restart hung a worker).
         if writer.done() and not writer.cancelled():
             writer.exception()  # retrieved: it was reported through ``stop``
 

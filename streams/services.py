@@ -1,7 +1,7 @@
-"""Long-lived resources of a worker as mode services, started before its consumers (a faust
-app, or ``BatchConsumers``) and stopped after them: the PostgreSQL pool, the Kafka
-publisher, the /metrics and probe endpoint; and the graceful shutdown that precedes the
-consumers' own stop."""
+"""Long-lived resources of a worker as mode services, started before its consumers
+(``BatchConsumers``) and stopped after them: the PostgreSQL pool, the Kafka publisher, the
+/metrics and probe endpoint; and the graceful shutdown that precedes the consumers' own
+stop."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-import faust
 import orjson
 import psycopg
 from mode import Service
@@ -153,10 +152,14 @@ class OutboxService(Service):
 
 
 class BatchConsumers(Service):
-    """Runs a worker's batch loops on their Kafka batch sources (``streams.consumer``), the
-    way a faust app runs its agents: joins the group once the services before it have
-    started, stops its agents first, and crashes the worker (``stop_once``) on the first failure
-    of any loop, which the graceful shutdown then reports."""
+    """Runs a worker's batch loops, each on a Kafka batch source of its own
+    (``streams.consumer``): joins the group once the services before it have started, stops
+    its agents first, and crashes the worker (``stop_once``) on the first failure of any
+    loop, which the graceful shutdown then reports.
+
+    Each agent has its own consumer, so that one agent's backlog never holds up another's
+    messages: a store worker's tombstones are fetched and honoured while its feed is behind
+    (in faust's app, one consumer fed every agent, and a full buffer of one stalled all)."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.stop_once = StopOnce(self.crash)
@@ -165,8 +168,6 @@ class BatchConsumers(Service):
         super().__init__(**kwargs)
 
     def add(self, loop: BatchLoop, source: KafkaBatchSource) -> None:
-        # One source per worker: each reports the worker's whole group membership.
-        assert not self._runs, "one batch-consumed agent per worker"
         self._runs.append((loop, source))
 
     async def on_start(self) -> None:
@@ -201,31 +202,50 @@ class WorkerState:
 
     def __init__(self, stop: StopOnce | None, in_group: bool) -> None:
         self.stop = stop
-        self.membership: GroupMembership | None = GroupMembership() if in_group else None
+        self.in_group = in_group
+        # One membership per consumer of the worker (a store worker has one for tombstones
+        # and one for its feed), each written only by that consumer's thread. The names are
+        # registered before any consumer starts, so the dict never changes size while read.
+        self._members: dict[str, GroupMembership] = {}
         self.stopping = False
         self.heartbeat = time.monotonic()
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
 
-    # Told by the batch consumer (``streams.consumer.MembershipObserver``), from its thread:
-    # each is one attribute write, and both come from that one thread.
+    def member(self, name: str) -> ConsumerMembership:
+        """The observer one consumer of this worker reports its membership to."""
+        assert name not in self._members, f"consumer {name} registered twice"
+        self._members[name] = GroupMembership()
+        return ConsumerMembership(self._members, name)
+
+    @property
+    def membership(self) -> GroupMembership | None:
+        """The worker's membership, all its consumers together (None: it consumes nothing):
+        joined once every consumer is, rebalancing while any one is."""
+        if not self.in_group:
+            return None
+        members = list(self._members.values())
+        if not members or any(member.assigned is None for member in members):
+            return GroupMembership()
+        assigned = frozenset().union(*(member.assigned or () for member in members))
+        return GroupMembership(assigned, any(member.rebalancing for member in members))
+
+
+class ConsumerMembership:
+    """``streams.consumer.MembershipObserver`` of one consumer: told from that consumer's
+    thread (the rebalance callbacks), one dict item written per call."""
+
+    def __init__(self, members: dict[str, GroupMembership], name: str) -> None:
+        self._members = members
+        self._name = name
+
     def rebalancing(self) -> None:
-        if self.membership is not None:
-            self.membership = self.membership.revoked()
+        self._members[self._name] = self._members[self._name].revoked()
 
     def assigned(self, positions: Iterable[tuple[str, int]]) -> None:
-        """The whole assignment now (a cooperative rebalance adds to it incrementally)."""
-        if self.membership is not None:
-            self.membership = self.membership.assigned_to(positions)
-
-    # Receivers of faust's app signals: (app, partitions, signal=...).
-    def on_partitions_revoked(self, _app: Any, /, *_: Any, signal: Any, **__: Any) -> None:
-        self.rebalancing()
-
-    def on_partitions_assigned(self, _app: Any, /, *args: Any, signal: Any, **_: Any) -> None:
-        (assigned,) = args
-        self.assigned((tp.topic, tp.partition) for tp in assigned)
+        """The consumer's whole assignment now (a cooperative rebalance adds to it)."""
+        self._members[self._name] = self._members[self._name].assigned_to(positions)
 
 
 class DatabaseProbe:
@@ -399,17 +419,6 @@ class GracefulShutdown:
             log.warning("shutdown: offset commit cancelled by the consumer's stop")
         except Exception as exc:  # committed again as the consumer stops
             log.warning("shutdown: offset commit failed (%s)", type(exc).__name__)
-
-    @staticmethod
-    def faust_commit(app: faust.App, state: WorkerState) -> Callable[[], Awaitable[object]]:
-        """A faust app's commit of what its agents acknowledged."""
-
-        async def commit() -> object:
-            if state.stop is not None and state.stop.failure is not None:
-                return None  # the crashed app is stopping its consumer, which commits
-            return await app.consumer.commit()
-
-        return commit
 
     def _exit_now(self) -> None:
         log.critical(

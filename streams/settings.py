@@ -127,9 +127,7 @@ class Settings(BaseSettings):
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
     redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
-    data_dir: Path = Field(
-        Path(".stack/data"), description="worker-local state (vector store, faust data)"
-    )
+    data_dir: Path = Field(Path(".stack/data"), description="worker-local state (the vector store)")
     max_memory_value_bytes: int = Field(
         65536, description="largest accepted memory value, in bytes of JSON"
     )

@@ -1,20 +1,19 @@
 """Composition root of a worker process: settings in, a runnable worker out.
 
 Each worker kind is its own consumer group, so that every projection and derived store keeps
-its own offsets and can be stopped, lagged or replayed alone. The hot path's kinds
-(``BATCH_CONSUMER_KINDS``) take batches straight from a confluent-kafka consumer and run as
-plain mode workers; the others are faust apps.
+its own offsets and can be stopped, lagged or replayed alone. Every agent takes its batches
+straight from a confluent-kafka consumer of its own (``streams.consumer``), in its kind's
+group, and every worker is a mode worker (ops/decisions/batch-consumer.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
-import faust
 import mode
 from mode import Service
 from prometheus_client import CollectorRegistry
@@ -32,9 +31,7 @@ from projections.sealing.sealer import Sealer
 from projections.stores import BY_NAME, REGISTRY, STORE_NAMES, open_all
 from streams.agents.cache import CacheFreshness
 from streams.agents.index import EmbeddingsIndexer
-from streams.agents.source import add_batch_agent
 from streams.agents.tombstones import TombstoneHandler
-from streams.app import build_app
 from streams.compaction import segment_rollers
 from streams.consumer import KafkaBatchSource
 from streams.isolation import DeadLetters, Isolation
@@ -86,26 +83,17 @@ def metrics_port(settings: Settings, kind: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class WorkerParts:
-    app: faust.App | None  # None: a worker that consumes nothing (the monitor)
     services: list[Service]
     metrics: Metrics
     shutdown: GracefulShutdown
 
 
-# The kinds whose agents take their batches straight from Kafka (``streams.consumer``): the
-# hot path, where faust's per-message delivery was the cost (ops/decisions/batch-consumer.md).
-# The others stay faust apps.
-BATCH_CONSUMER_KINDS = frozenset({"memory", "conversation"})
-
-
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """What every worker of a kind opens once and closes at stop. Its agents consume through
-    either a faust app or the batch consumers, never both."""
+    """What every consuming worker of a kind opens once and closes at stop."""
 
     kind: str
-    app: faust.App | None
-    consumers: BatchConsumers | None
+    consumers: BatchConsumers
     pool: AsyncConnectionPool[Conn]
     publisher: KafkaPublisher
     services: list[Service]
@@ -116,15 +104,10 @@ class Resources:
 
     def parts(self, metrics: Metrics, settings: Settings, services: list[Service]) -> WorkerParts:
         budget = ShutdownBudget(settings.shutdown_timeout_seconds)
-        if self.consumers is not None:
-            # Last: it starts once everything its agents use has started, and stops first.
-            services = [*services, self.consumers]
-            commit: Callable[[], Awaitable[object]] = self.consumers.commit
-        else:
-            assert self.app is not None
-            commit = GracefulShutdown.faust_commit(self.app, self.state)
-        shutdown = GracefulShutdown(self.state, self.loops, commit, budget)
-        return WorkerParts(self.app, services, metrics, shutdown)
+        shutdown = GracefulShutdown(self.state, self.loops, self.consumers.commit, budget)
+        # The consumers last: they start once everything their agents use has started, and
+        # stop first.
+        return WorkerParts([*services, self.consumers], metrics, shutdown)
 
 
 def probe_service(settings: Settings, metrics: Metrics, kind: str, state: WorkerState) -> Service:
@@ -143,25 +126,15 @@ def probe_service(settings: Settings, metrics: Metrics, kind: str, state: Worker
 def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
     publisher = KafkaPublisher(settings.kafka)
-    app: faust.App | None = None
-    consumers: BatchConsumers | None = None
-    if kind in BATCH_CONSUMER_KINDS:
-        consumers = BatchConsumers()
-        stop = consumers.stop_once
-        state = WorkerState(stop, in_group=True)
-    else:
-        app = build_app(settings, kind)
-        stop = StopOnce(app.crash)
-        state = WorkerState(stop, in_group=True)
-        app.on_partitions_revoked.connect(state.on_partitions_revoked)
-        app.on_partitions_assigned.connect(state.on_partitions_assigned)
+    consumers = BatchConsumers()
+    state = WorkerState(consumers.stop_once, in_group=True)
     services: list[Service] = [
         # First: it starts before the others and stops after them (mode stops in reverse).
         probe_service(settings, metrics, kind, state),
         DatabaseService(pool),
         PublisherService(publisher),
     ]
-    return Resources(kind, app, consumers, pool, publisher, services, stop, state, [])
+    return Resources(kind, consumers, pool, publisher, services, consumers.stop_once, state, [])
 
 
 def add_agent(
@@ -172,18 +145,15 @@ def add_agent(
     topic_names: list[str],
     handler: BatchHandler,
 ) -> None:
-    """Every agent: the shared batch loop, with its own breaker, on ``topic_names``."""
+    """Every agent: the shared batch loop, with its own breaker, on ``topic_names``, read by
+    a consumer of its own in the kind's group."""
     dead_letters = DeadLetters.in_postgres(settings.worker_master_keys(), parts.pool)
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     parts.loops.append(loop)
-    if parts.consumers is not None:
-        consumer = settings.group_consumer(parts.kind)
-        source = KafkaBatchSource(settings.kafka, topic_names, consumer, parts.state)
-        parts.consumers.add(loop, source)
-    else:
-        assert parts.app is not None
-        add_batch_agent(parts.app, agent_name, topic_names, loop)
+    consumer = settings.group_consumer(parts.kind)
+    membership = parts.state.member(agent_name)
+    parts.consumers.add(loop, KafkaBatchSource(settings.kafka, topic_names, consumer, membership))
 
 
 def build_projection_worker(
@@ -392,7 +362,7 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
         monitor,
     ]
     budget = ShutdownBudget(settings.shutdown_timeout_seconds)
-    return WorkerParts(None, services, metrics, GracefulShutdown(state, [], None, budget))
+    return WorkerParts(services, metrics, GracefulShutdown(state, [], None, budget))
 
 
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
@@ -408,26 +378,11 @@ CONSUMING_KINDS = tuple(kind for kind in WORKER_KINDS if kind != "monitor")
 
 class GracefulWorker(mode.Worker):
     """mode's worker (SIGTERM and SIGINT stop it) whose stop begins with the graceful
-    shutdown, before any service or the faust app stops."""
+    shutdown, before any service stops."""
 
     def __init__(self, *services: Service, shutdown: GracefulShutdown, **kwargs: Any) -> None:
         self.graceful = shutdown
         super().__init__(*services, **kwargs)
-
-    async def on_stop(self) -> None:
-        await self.graceful.begin()
-        await super().on_stop()
-
-
-class GracefulFaustWorker(faust.Worker):
-    """faust's worker, likewise: batches drained and offsets committed before faust stops
-    the consumer and leaves the group."""
-
-    def __init__(
-        self, app: faust.App, *services: Service, shutdown: GracefulShutdown, **kwargs: Any
-    ) -> None:
-        self.graceful = shutdown
-        super().__init__(app, *services, **kwargs)
 
     async def on_stop(self) -> None:
         await self.graceful.begin()
@@ -444,6 +399,4 @@ def build_worker(settings: Settings, kind: str) -> mode.Worker:
         "loglevel": settings.log_level,
         "redirect_stdouts": False,
     }
-    if parts.app is None:
-        return GracefulWorker(*parts.services, **options)
-    return GracefulFaustWorker(parts.app, *parts.services, **options)
+    return GracefulWorker(*parts.services, **options)

@@ -1,10 +1,11 @@
-"""A faust agent that does nothing but acknowledge: faust's own per-event ceiling.
+"""A faust agent that does nothing but acknowledge: faust's own per-event ceiling, the
+reference memproj's workers left for a batch consumer (ops/decisions/batch-consumer.md).
 
     python ops/bench/faust_noop.py TOPIC COUNT   (run by ops/bench/projection.py)
 
-Same app settings and the same ``noack_take`` loop as memproj's projection agent, with the
-batch work removed; prints the events/s from the first batch to the COUNT-th event, then the
-process's CPU time per event over the same span (µs).
+The app settings and the ``noack_take`` loop memproj's agents used while they ran on faust,
+with the batch work removed; prints the events/s from the first batch to the COUNT-th event,
+then the process's CPU time per event over the same span (µs).
 """
 
 from __future__ import annotations
@@ -16,8 +17,31 @@ import uuid
 
 import faust
 
-from streams.app import build_app
 from streams.settings import Settings
+
+
+def build_app(settings: Settings, worker: str) -> faust.App:
+    """The app of a worker kind, as memproj built it for faust (plaintext local stack)."""
+    datadir = settings.data_dir / "faust" / worker
+    datadir.mkdir(parents=True, exist_ok=True)
+    return faust.App(
+        settings.group_id(worker),
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        web_enabled=False,
+        autodiscover=False,
+        datadir=str(datadir),
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        broker_max_poll_records=settings.batch_max_events,
+        stream_buffer_maxsize=settings.batch_max_events * 4,
+        stream_ack_exceptions=False,
+        stream_ack_cancelled_tasks=False,
+        stream_wait_empty=False,
+    )
 
 
 def main() -> None:

@@ -1,1 +1,2 @@
-"""Faust agents: thin loops that hand batches of messages to a runner and acknowledge them."""
+"""The derived stores' handlers: what each store worker's agents do with a batch (tombstones,
+index updates, cache invalidation); the batch loop (``streams.loop``) runs them."""

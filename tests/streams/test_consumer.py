@@ -173,7 +173,8 @@ class Member:
     @classmethod
     async def join(cls, env: Any, handler: Recorder, state: WorkerState) -> Member:
         topic = env.topic(MEMORY_EVENTS)
-        source = KafkaBatchSource(env.settings.kafka, [topic], group_settings(env), state)
+        membership = state.member("agent")
+        source = KafkaBatchSource(env.settings.kafka, [topic], group_settings(env), membership)
         member = cls(source, handler, loop_for(handler, Stops()))
         await source.start()
         member.task = asyncio.create_task(member.loop.run(source))
@@ -197,7 +198,7 @@ def test_batches_are_bounded_and_offsets_committed_only_once_acknowledged(env: A
 
     async def run() -> tuple[list[int], dict[int, int], dict[int, int], int]:
         state = WorkerState(None, in_group=True)
-        source = KafkaBatchSource(env.settings.kafka, [topic], group, state)
+        source = KafkaBatchSource(env.settings.kafka, [topic], group, state.member("agent"))
         await source.start()
         taken: list[Batch] = []
         batches = source.batches()
@@ -275,7 +276,9 @@ def test_a_member_with_no_partition_is_ready_and_takes_over_when_the_other_leave
 
     async def run() -> tuple[bool, bool, int]:
         states = [WorkerState(None, True), WorkerState(None, True)]
-        sources = [KafkaBatchSource(env.settings.kafka, [topic], group, s) for s in states]
+        sources = [
+            KafkaBatchSource(env.settings.kafka, [topic], group, s.member("agent")) for s in states
+        ]
         handlers = [Recorder(), Recorder()]
         loops = [loop_for(handler, Stops()) for handler in handlers]
         tasks = []

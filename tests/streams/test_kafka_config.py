@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-import ssl
 from pathlib import Path
 
-import faust
 import pytest
 from confluent_kafka import KafkaError
 from pydantic import SecretStr
@@ -93,9 +91,6 @@ def test_secrets_are_in_no_repr(tmp_path: Path) -> None:
     assert cluster.security.password.get_secret_value() == SECRET  # the file, newline removed
     for text in (repr(settings), str(settings), repr(cluster), str(cluster), cluster.describe()):
         assert SECRET not in text
-    credentials = cluster.faust_credentials()
-    assert isinstance(credentials, faust.SASLCredentials)
-    assert SECRET not in repr(credentials)
 
 
 def test_every_client_config_carries_the_security_and_the_error_callback() -> None:
@@ -117,25 +112,9 @@ def test_the_error_callback_raises_only_what_a_retry_cannot_fix() -> None:
     assert fatal_cause(KafkaError(KafkaError._ALL_BROKERS_DOWN)) is None
 
 
-def test_faust_credentials_per_protocol(tmp_path: Path) -> None:
-    assert security(SecurityProtocol.PLAINTEXT).faust_credentials() is None
-    tls = security(SecurityProtocol.SSL).faust_credentials()
-    assert isinstance(tls, faust.SSLCredentials)
-    sasl = security(SecurityProtocol.SASL_SSL, mechanism=SaslMechanism.SCRAM_SHA_256)
-    credentials = sasl.faust_credentials()
-    assert isinstance(credentials, faust.SASLCredentials)
-    assert credentials.mechanism.value == "SCRAM-SHA-256"
-    assert isinstance(credentials.ssl_context, ssl.SSLContext)
-    assert credentials.ssl_context.check_hostname
-    plain = security(SecurityProtocol.SASL_PLAINTEXT).faust_credentials()
-    assert isinstance(plain, faust.SASLCredentials) and plain.ssl_context is None
-
-
 def test_no_client_is_built_from_the_bare_bootstrap_string() -> None:
-    """Every confluent-kafka client in memproj's code takes ``settings.kafka`` (security
-    included); only faust's broker URL names the bootstrap string (its security comes from
-    ``broker_credentials``)."""
-    allowed = {"streams/settings.py", "streams/app.py"}
+    """Every Kafka client in memproj's code takes ``settings.kafka`` (security included)."""
+    allowed = {"streams/settings.py"}
     offenders = [
         str(path.relative_to(REPO))
         for path in (REPO / "streams").rglob("*.py")

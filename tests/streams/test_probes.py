@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 import pytest
-from faust.types import TP
 from prometheus_client import CollectorRegistry
 
 from streams.failures import SystemicFailure
@@ -61,6 +60,21 @@ def test_a_rebalance_makes_the_worker_not_ready_until_its_assignment_completes()
         {"group": False, "database": True, "running": True},
     )
     assert readiness(rebalancing.assigned_to([("t", 1)]), UP, False, None).ok
+
+
+def test_a_worker_of_several_consumers_is_ready_once_each_is_and_not_while_one_rebalances() -> None:
+    state = WorkerState(None, in_group=True)
+    tombstones, feed = state.member("tombstones"), state.member("feed")
+    assert state.membership is not None and not state.membership.check().ok
+    tombstones.assigned([("tombstones", 0)])
+    assert not state.membership.check().ok  # the feed's consumer has not joined yet
+    feed.assigned([("current", 0), ("current", 1)])
+    assert state.membership.check().detail == "3 partitions assigned"
+    feed.rebalancing()
+    assert state.membership.check().detail == "rebalancing"
+    feed.assigned([("current", 1)])
+    assert state.membership.assigned == frozenset({("tombstones", 0), ("current", 1)})
+    assert WorkerState(None, in_group=False).membership is None
 
 
 def test_the_database_shutdown_and_a_failure_each_make_the_worker_not_ready() -> None:
@@ -235,7 +249,7 @@ def test_the_probe_server_answers_not_ready_once_the_worker_is_stopped(env: Any)
         metrics = Metrics(CollectorRegistry())
         service = ProbeService(metrics, "127.0.0.1", port, state, database, 5.0)
         await service.start()
-        state.on_partitions_assigned(None, [TP("t", 0)], signal=None)
+        state.member("agent").assigned([("t", 0)])
         answers = [await asyncio.to_thread(probe, port, "/readyz")]
         assert state.stop is not None
         await state.stop(SystemicFailure("the breaker tripped"))

@@ -8,24 +8,18 @@ messages (offsets no committed reader receives) sit at the end of the partitions
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.consumer.fetcher import READ_COMMITTED  # type: ignore[import-untyped]
 from confluent_kafka import IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from streams.app import build_app
 from streams.kafka import admin_config, producer_config
 from streams.lag import LagCollector
 from streams.sample import EventFactory, RawEvent, to_message
-from streams.settings import Settings
-from streams.transport import InlineDeliveryConsumer, ReadCommittedConsumerThread, Transport
 from topics.registry import MEMORY_EVENTS, MEMORY_REJECTIONS, MEMORY_SEALED
 
 
@@ -74,47 +68,6 @@ def stored_memories(env: Any) -> dict[str, str]:
     with env.connect() as conn:
         rows = conn.execute("SELECT memory_id, status FROM memories").fetchall()
     return {row[0]: row[1] for row in rows}
-
-
-# -- the faust workers' consumer -----------------------------------------------------------
-
-
-def worker_consumer(app: Any) -> Any:
-    """The aiokafka consumer the app's consumer thread creates for a worker (not started)."""
-    consumer = app.consumer
-    assert isinstance(consumer, InlineDeliveryConsumer)
-    thread = consumer._thread
-    assert isinstance(thread, ReadCommittedConsumerThread)
-    transport = app.transport
-    assert isinstance(transport, Transport)
-    return thread._create_worker_consumer(transport)
-
-
-def test_the_worker_consumer_reads_committed_data_only(tmp_path: Path) -> None:
-    """No broker needed: the aiokafka consumer faust builds for a worker is read_committed."""
-    app = build_app(Settings(data_dir=tmp_path), "isolation-test")
-
-    async def build() -> str:
-        return str(worker_consumer(app)._isolation_level)
-
-    assert asyncio.run(build()) == "read_committed"
-
-
-@pytest.mark.integration
-def test_the_started_worker_consumer_fetches_read_committed(
-    stack: Settings, tmp_path: Path
-) -> None:
-    app = build_app(stack.model_copy(update={"data_dir": tmp_path}), "isolation-test")
-
-    async def start() -> int:
-        built = worker_consumer(app)
-        await built.start()
-        try:
-            return int(built._fetcher._isolation_level)
-        finally:
-            await built.stop()
-
-    assert asyncio.run(start()) == READ_COMMITTED
 
 
 # -- the pipeline ---------------------------------------------------------------------------
