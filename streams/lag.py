@@ -95,7 +95,6 @@ _TRANSIENT = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,  # a topic just created, not yet known to every broker
     }
 )
 
