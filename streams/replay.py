@@ -48,7 +48,8 @@ from projections.stores.embeddings import covered_entries
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
 from streams.kafka import admin_config, consumer_config, input_message
 from streams.metrics import Metrics
-from streams.rebuild import MemoryRebuild, ReplayStopped, cannot_apply
+from streams.rebuild import MemoryRebuild, cannot_apply
+from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
 from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool, open_vector_store
 from streams.settings import Settings
