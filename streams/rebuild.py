@@ -102,14 +102,19 @@ class MemoryRebuild:
     # erasure comes, every key is: the shadow started empty and only this rebuild wrote it.
     known: set[MemoryKey] = field(default_factory=set)
     every_key_known: bool = True
+    # The event ids this rebuild claimed; until it holds too many, all of them.
     seen: dict[EventKey, bytes] = field(default_factory=dict)
+    every_claim_held: bool = True
     erasures: tuple[int, int] | None = None
     applied: int = 0
+    # Beyond this many records or claims held, they are dropped and read from the shadow
+    # per chunk, as the live path reads them: a rebuild's memory stays bounded.
+    held_limit: int = 250_000
 
     async def apply(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Apply one chunk in one transaction (retried whole on a transient failure); what
         it leaves in memory is kept once it is committed."""
-        consult_claims = False
+        consult_claims = not self.every_claim_held
 
         async def attempt() -> _Chunk:
             nonlocal consult_claims
@@ -131,8 +136,16 @@ class MemoryRebuild:
         self.records.update(chunk.loaded)
         self.records.update(chunk.outcome.records)
         self.known |= chunk.keys
-        self.seen.update(chunk.claimed)
+        if self.every_claim_held:
+            self.seen.update(chunk.claimed)
         self.seen.update(((p.tenant_id, p.event_id), p.body_hash) for p in chunk.outcome.processed)
+        if len(self.known) > self.held_limit:
+            self.records.clear()
+            self.known.clear()
+            self.every_key_known = False
+        if len(self.seen) > self.held_limit:
+            self.seen.clear()
+            self.every_claim_held = False
         self.applied += len(messages)
         self.projection.committed(chunk.outcome)
 
