@@ -2,8 +2,12 @@
 
 The replay reads the projection's input (the sealed log) with a plain confluent-kafka
 consumer, from the start position up to the end offsets as of the start, and applies it with
-the same runner, reducers and erasure guard as the live worker, into a shadow schema; nothing
-is published. Live workers keep serving meanwhile. The shadow is then compared with the live
+the same codec, reducers and erasure guard as the live worker, into a shadow schema; nothing
+is published. The conversation projection is applied through the live worker's runner; the
+memory projection on a path of its own (``streams.rebuild``: large chunks, its state held in
+memory, no outbox), by ``readers`` processes over disjoint partitions (the others forked from
+this one; a reader that fails stops the replay, and one whose replay is killed stops at its
+next chunk). Live workers keep serving meanwhile. The shadow is then compared with the live
 projection per tenant, and swapped in atomically when asked to (or when they agree):
 
 1. lock the live projection's tracking rows (the live worker waits on its next batch);
