@@ -299,23 +299,26 @@ async def replay_projection(
             if memory is not None:
                 own_starts, own_ends = shares[0]
 
-                def shown(done: int, partitions_done: int) -> None:
-                    progress.done = done + sum(r.done.value for r in others)
-                    progress.partitions_done = partitions_done + sum(
-                        r.partitions_done.value for r in others
-                    )
+                own = [0, 0]  # events and partitions this process has done
+
+                def shown(done: int = -1, partitions_done: int = -1) -> None:
+                    if done >= 0:
+                        own[:] = [done, partitions_done]
+                    progress.done = own[0] + sum(r.done.value for r in others)
+                    progress.partitions_done = own[1] + sum(r.partitions_done.value for r in others)
                     if on_progress is not None:
                         on_progress(progress)
 
                 try:
                     await rebuild_share(consumer, memory, shadow_dsn, own_starts, own_ends, shown)
                     for other in others:
-                        await asyncio.to_thread(other.wait)
+                        while not await asyncio.to_thread(other.wait, 0.5):
+                            shown()  # the others' progress, while this process waits
                 finally:
                     for other in others:
                         other.stop()
-                progress.done = progress.total
-                progress.partitions_done = progress.partitions
+                shown()
+                progress.partitions_done = progress.partitions  # each share read to its end
                 if on_progress is not None:
                     on_progress(progress)
             else:
@@ -402,14 +405,16 @@ class _Reader:
         sending.close()
         return cls(process, done, partitions_done, receiving)
 
-    def wait(self) -> None:
-        """Until the reader is done; raises what stopped it."""
-        self.process.join()
+    def wait(self, seconds: float | None = None) -> bool:
+        """Whether the reader is done (waiting up to ``seconds``); raises what stopped it."""
+        self.process.join(seconds)
+        if self.process.is_alive():
+            return False
         failure = self._outcome.recv() if self._outcome.poll() else None
         if failure is None and self.process.exitcode != 0:
             failure = ("failed", f"exit code {self.process.exitcode}")
         if failure is None:
-            return
+            return True
         kind, text = failure
         if kind == "stopped":
             raise ReplayStopped(text)
