@@ -28,6 +28,9 @@ records held in memory may be gone from the shadow, so they are forgotten and re
 the shadow as the live path reads them (then held again). An erasure therefore reaches the
 chunks after it exactly as it reaches the live worker's next batch.
 
+Memory: beyond ``held_limit`` records or claims, what is held is dropped and read per chunk
+from the shadow and ``processed_events``, as the live path reads it.
+
 Parallel readers: ``MemoryRebuild`` applies whatever partitions it is given; the replay runs
 one per process over disjoint partitions (``streams.replay``). A memory lives in one partition;
 an event id two partitions share is claimed by whichever commits first, and the other chunk
