@@ -2,8 +2,12 @@
 
 The replay reads the projection's input (the sealed log) with a plain confluent-kafka
 consumer, from the start position up to the end offsets as of the start, and applies it with
-the same runner, reducers and erasure guard as the live worker, into a shadow schema; nothing
-is published. Live workers keep serving meanwhile. The shadow is then compared with the live
+the same codec, reducers and erasure guard as the live worker, into a shadow schema; nothing
+is published. The conversation projection is applied through the live worker's runner; the
+memory projection on a path of its own (``streams.rebuild``: large chunks, its state held in
+memory, no outbox), by ``readers`` processes over disjoint partitions (the others forked from
+this one; a reader that fails stops the replay, and one whose replay is killed stops at its
+next chunk). Live workers keep serving meanwhile. The shadow is then compared with the live
 projection per tenant, and swapped in atomically when asked to (or when they agree):
 
 1. lock the live projection's tracking rows (the live worker waits on its next batch);
@@ -17,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import multiprocessing
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
 import orjson
@@ -39,11 +46,14 @@ from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
 from projections.embeddings.vectors import VectorEntry, VectorStore
+from projections.memory.projection import MemoryProjection
 from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
 from streams.kafka import admin_config, consumer_config, input_message
 from streams.metrics import Metrics
+from streams.rebuild import MemoryRebuild, cannot_apply
+from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
 from streams.runner import Projection, ProjectionRunner
 from streams.services import make_pool, open_vector_store
 from streams.settings import Settings
@@ -53,11 +63,6 @@ from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
 Start = Literal["earliest"] | datetime | dict[int, int]
 SwapMode = Literal["always", "if-equal", "never"]
 Position = tuple[str, int]
-
-
-class ReplayStopped(RuntimeError):
-    """The rebuild cannot go on or cannot swap: the log holds a message it cannot apply (e.g.
-    an unknown schema version), or a worker still writes the store it would replace."""
 
 
 def _unpublished_letters(settings: Settings) -> DeadLetters:
@@ -76,11 +81,12 @@ class DiscardingPublisher:
         for message in messages:
             if message.topic.endswith(DLQ_SUFFIX) and message.value:
                 letter = orjson.loads(message.value)
-                raise ReplayStopped(
-                    f"{letter['topic']}[{letter['partition']}]@{letter['offset']} cannot be"
-                    f" applied ({letter['error_code']}: {letter['error']}). If it is a newer"
-                    " schema_version, upgrade memproj (or register an upcaster in"
-                    " topics/schemas.py) and replay again; nothing was swapped."
+                raise cannot_apply(
+                    letter["topic"],
+                    letter["partition"],
+                    letter["offset"],
+                    letter["error_code"],
+                    letter["error"],
                 )
 
     def close(self) -> None:
@@ -247,10 +253,15 @@ async def replay_projection(
     swap: SwapMode = "if-equal",
     on_progress: Callable[[Progress], None] | None = None,
     batch_size: int = 2000,
+    readers: int = 1,
 ) -> ReplayReport:
+    """``readers``: processes reading disjoint partitions of the memory projection's sealed
+    log (``streams.rebuild``; the conversation projection is read by one, through the
+    runner)."""
     spec = shadows.SPECS[projection.name]
     stamp = time.strftime("%Y%m%d%H%M%S")
     shadow = f"replay_{projection.name}_{stamp}_{uuid.uuid4().hex[:6]}"
+    memory = projection if isinstance(projection, MemoryProjection) else None
     async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as live_conn:
         live = await shadows.current_schema(live_conn)
         await shadows.create_shadow(live_conn, spec, live, shadow)
@@ -259,6 +270,21 @@ async def replay_projection(
         shadow_dsn = make_conninfo(
             settings.postgres_conninfo, options=f"-csearch_path={shadow},{live}"
         )
+        topics = [settings.topics.name(s) for s in projection.input_specs]
+        began = time.monotonic()
+        others: list[_Reader] = []
+        if memory is not None:
+            # The end offsets are fixed before any reader starts; the other readers are
+            # forked before this process holds a Kafka client or a pool of its own.
+            first = reader(settings)
+            try:
+                starts, ends = positions(first, topics, start)
+            finally:
+                first.close()
+            progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+            progress.partitions = len(ends)
+            shares = _shares(starts, ends, readers)
+            others = [_Reader.fork(settings, memory, shadow_dsn, *share) for share in shares[1:]]
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
@@ -270,15 +296,40 @@ async def replay_projection(
         )
         consumer = reader(settings)
         try:
-            topics = [settings.topics.name(s) for s in projection.input_specs]
-            starts, ends = positions(consumer, topics, start)
-            progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
-            began = time.monotonic()
-            for batch in read(consumer, starts, ends, batch_size, progress):
-                await runner.apply(batch, isolation)
-                progress.done += len(batch)
+            if memory is not None:
+                own_starts, own_ends = shares[0]
+
+                own = [0, 0]  # events and partitions this process has done
+
+                def shown(done: int = -1, partitions_done: int = -1) -> None:
+                    if done >= 0:
+                        own[:] = [done, partitions_done]
+                    progress.done = own[0] + sum(r.done.value for r in others)
+                    progress.partitions_done = own[1] + sum(r.partitions_done.value for r in others)
+                    if on_progress is not None:
+                        on_progress(progress)
+
+                try:
+                    await rebuild_share(consumer, memory, shadow_dsn, own_starts, own_ends, shown)
+                    for other in others:
+                        while not await asyncio.to_thread(other.wait, 0.5):
+                            shown()  # the others' progress, while this process waits
+                finally:
+                    for other in others:
+                        other.stop()
+                shown()
+                progress.partitions_done = progress.partitions  # each share read to its end
                 if on_progress is not None:
                     on_progress(progress)
+            else:
+                starts, ends = positions(consumer, topics, start)
+                progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+                began = time.monotonic()
+                for batch in read(consumer, starts, ends, batch_size, progress):
+                    await runner.apply(batch, isolation)
+                    progress.done += len(batch)
+                    if on_progress is not None:
+                        on_progress(progress)
             report = ReplayReport(
                 projection.name, shadow, progress.done, time.monotonic() - began, {}
             )
@@ -296,6 +347,132 @@ async def replay_projection(
             consumer.close()
             await pool.close()
     return report
+
+
+# A rebuild's chunk: large, since its state is held in memory and it publishes nothing.
+BULK_CHUNK = 10_000
+
+
+async def rebuild_share(
+    consumer: Consumer,
+    projection: MemoryProjection,
+    shadow_dsn: str,
+    starts: dict[Position, int],
+    ends: dict[Position, int],
+    shown: Callable[[int, int], None],
+    chunk_size: int = BULK_CHUNK,
+) -> None:
+    """Apply these partitions of the sealed log to the shadow (``streams.rebuild``);
+    ``shown(events, partitions)`` after each chunk, with what this reader has done."""
+    rebuild = MemoryRebuild(projection)
+    mine = Progress(total=0)
+    async with await psycopg.AsyncConnection.connect(shadow_dsn) as conn:
+        for batch in read(consumer, starts, ends, chunk_size, mine):
+            await rebuild.apply(conn, batch)
+            shown(rebuild.applied, mine.partitions_done)
+
+
+class _Reader:
+    """Another process applying a share of the partitions (``rebuild_share``), forked from
+    the replay: it holds the projection as given (a changed reducer too), opens its own
+    Kafka reader and connection, and reports how far it got through shared counters."""
+
+    def __init__(self, process: BaseProcess, done: Any, partitions_done: Any, outcome: Any) -> None:
+        self.process = process
+        self.done = done
+        self.partitions_done = partitions_done
+        self._outcome = outcome
+
+    @classmethod
+    def fork(
+        cls,
+        settings: Settings,
+        projection: MemoryProjection,
+        shadow_dsn: str,
+        starts: dict[Position, int],
+        ends: dict[Position, int],
+    ) -> _Reader:
+        context = multiprocessing.get_context("fork")
+        done, partitions_done = context.Value("q", 0), context.Value("q", 0)
+        receiving, sending = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_read_share,
+            args=(settings, projection, shadow_dsn, starts, ends, done, partitions_done, sending),
+            name="memproj-replay-reader",
+            daemon=True,  # ends with the replay
+        )
+        process.start()
+        sending.close()
+        return cls(process, done, partitions_done, receiving)
+
+    def wait(self, seconds: float | None = None) -> bool:
+        """Whether the reader is done (waiting up to ``seconds``); raises what stopped it."""
+        self.process.join(seconds)
+        if self.process.is_alive():
+            return False
+        failure = self._outcome.recv() if self._outcome.poll() else None
+        if failure is None and self.process.exitcode != 0:
+            failure = ("failed", f"exit code {self.process.exitcode}")
+        if failure is None:
+            return True
+        kind, text = failure
+        if kind == "stopped":
+            raise ReplayStopped(text)
+        raise RuntimeError(f"a replay reader failed: {text}")
+
+    def stop(self) -> None:
+        """This reader's process ends (a no-op once it has)."""
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+
+
+def _read_share(
+    settings: Settings,
+    projection: MemoryProjection,
+    shadow_dsn: str,
+    starts: dict[Position, int],
+    ends: dict[Position, int],
+    done: Any,
+    partitions_done: Any,
+    outcome: Any,
+) -> None:
+    """A forked reader's process: apply its share, send None or what stopped it."""
+    replay = os.getppid()
+
+    def shown(events: int, partitions: int) -> None:
+        if os.getppid() != replay:
+            os._exit(1)  # the replay was killed: its shadow is abandoned, stop writing it
+        done.value, partitions_done.value = events, partitions
+
+    # Forked from inside the replay's running event loop: this process runs a loop of its own.
+    asyncio.events._set_running_loop(None)
+    consumer = reader(settings)
+    try:
+        asyncio.run(rebuild_share(consumer, projection, shadow_dsn, starts, ends, shown))
+        outcome.send(None)
+    except ReplayStopped as stopped:
+        outcome.send(("stopped", str(stopped)))
+    except BaseException as exc:  # reported to the replay, which raises it
+        outcome.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        consumer.close()
+
+
+def _shares(
+    starts: dict[Position, int], ends: dict[Position, int], readers: int
+) -> list[tuple[dict[Position, int], dict[Position, int]]]:
+    """The partitions split into ``readers`` shares of about as many messages (the largest
+    first, each to the lightest share); the first share is this process's."""
+    count = max(1, min(readers, len(ends)))
+    shares: list[tuple[dict[Position, int], dict[Position, int]]] = [({}, {}) for _ in range(count)]
+    loads = [0] * count
+    for position in sorted(ends, key=lambda p: (starts[p] - ends[p], p)):
+        lightest = loads.index(min(loads))
+        shares[lightest][0][position] = starts[position]
+        shares[lightest][1][position] = ends[position]
+        loads[lightest] += max(0, ends[position] - starts[position])
+    return shares
 
 
 async def _swap(

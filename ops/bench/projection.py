@@ -20,8 +20,9 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
 - the same stage from a backlog, in an environment of its own: the stream produced while the
   memory workers are paused, timed from their resumption (the stage's own rate from its
   input topic, without the producer beside it);
-- rebuild from earliest: ``memproj replay memory`` of the live apply's sealed log into a
-  shadow schema (the same runner, reducer and guard, read with a plain consumer);
+- rebuild from earliest: ``memproj replay memory --readers <workers>`` of the live apply's
+  sealed log into a shadow schema (the same codec, reducer and erasure guard, in large chunks
+  held in memory, one reader process per live worker process: ops/decisions/rebuild.md);
 - freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
   rate, in an environment running the pipeline, the deletion worker, the four store workers
   and the monitor;
@@ -250,8 +251,14 @@ def main() -> None:
             )
         if not args.no_rebuild:
             tune_garbage_collection()  # as ``memproj replay`` does
+            # One rebuild reader per live worker process: both sides use as many processes.
             rebuild = asyncio.run(
-                replay_projection(live.settings, memory_projection(live.settings), swap="never")
+                replay_projection(
+                    live.settings,
+                    memory_projection(live.settings),
+                    swap="never",
+                    readers=args.workers,
+                )
             )
         half_rate = apply_rate / 2
         if not args.no_freshness:

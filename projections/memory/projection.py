@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -34,7 +34,7 @@ from topics.schemas import SchemaRegistry
 
 @dataclass(frozen=True, slots=True)
 class MemoryState:
-    records: dict[MemoryKey, MemoryRecord]
+    records: Mapping[MemoryKey, MemoryRecord]
     erasures: ErasureIndex
 
 
@@ -68,6 +68,14 @@ class MemoryProjection:
         # point (and its erasures are read below) or waits until this batch commits.
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         records = await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
+        return await self.state_of(conn, events, records)
+
+    async def state_of(
+        self, conn: Conn, events: Sequence[MemoryEvent], records: Mapping[MemoryKey, MemoryRecord]
+    ) -> MemoryState:
+        """The state of a batch whose current records are known (``records``; a rebuild holds
+        them in memory): the erasures that may cover its events, read in its transaction,
+        after the tenant locks."""
         keys = [
             key
             for event in events
@@ -82,6 +90,11 @@ class MemoryProjection:
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
         await store.save_batch(conn, outcome)
+        await self.save_effects(conn, outcome)
+
+    async def save_effects(self, conn: Conn, outcome: BatchResult) -> None:
+        """What a batch writes beside the projection's own tables (a rebuild writes those
+        its own way, and these the same way)."""
         # Revocations are recorded in the ledger with this batch: the tombstone is then
         # published at least once, through the outbox, like every other output.
         await deletion_store.record_entries(conn, outcome.revocations)

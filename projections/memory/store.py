@@ -3,7 +3,7 @@ batch's new records and history, and answer reads (recall, provenance)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -102,6 +102,16 @@ async def save_batch(conn: Conn, result: BatchResult) -> None:
         )
     if result.versions:
         await copy_rows(conn, "memory_versions", VERSION_FIELDS, map(_version_row, result.versions))
+
+
+async def save_rebuilt_batch(conn: Conn, result: BatchResult, stored: Container[MemoryKey]) -> None:
+    """``save_batch`` into a rebuild's shadow, whose rows the caller knows: the records it does
+    not hold yet (``stored``: the keys it holds) are copied straight in, the others upserted."""
+    new = [record for key, record in result.records.items() if key not in stored]
+    if new:
+        await copy_rows(conn, "memories", CURRENT_FIELDS, map(_current_row, new))
+    changed = {key: record for key, record in result.records.items() if key in stored}
+    await save_batch(conn, BatchResult(records=changed, versions=result.versions))
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,10 +64,19 @@ def parse_start(text: str) -> Start:
     "--swap/--no-swap", "swap", default=None,
     help="swap the rebuild in even if it differs / never; by default only if identical",
 )  # fmt: skip
+@click.option(
+    "--readers", default=1, show_default=True, type=click.IntRange(1, 64),
+    help="memory: processes reading disjoint partitions of the sealed log (one per core)",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def replay(
-    ctx: click.Context, projection: str, start: str, swap: bool | None, as_json: bool
+    ctx: click.Context,
+    projection: str,
+    start: str,
+    swap: bool | None,
+    readers: int,
+    as_json: bool,
 ) -> None:
     """Rebuild PROJECTION while the live workers keep serving, into a shadow (a schema for
     memory and conversation, from the sealed log; a table for embeddings, from memory.current
@@ -100,7 +109,9 @@ def replay(
                 if projection == "memory"
                 else conversation_projection(settings, Metrics(CollectorRegistry()))
             )
-            rebuild = replay_projection(settings, target, parse_start(start), mode, shown)
+            rebuild = replay_projection(
+                settings, target, parse_start(start), mode, shown, readers=readers
+            )
         tune_garbage_collection()
         try:
             report = asyncio.run(rebuild)
