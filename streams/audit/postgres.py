@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from psycopg import sql
+from psycopg import errors, sql
 
 from projections.bookkeeping import Conn
 from streams.audit.plaintext import Hit, Matcher, PlaceKind, Report
@@ -179,6 +179,10 @@ async def scan_postgres(
         try:
             async with conn.transaction():  # a savepoint: one failing table spoils no other
                 await scan_table(conn, shape, matcher, report)
+        except (errors.UndefinedTable, errors.InvalidSchemaName):
+            # Dropped since the catalog was read (a rebuild copy past its grace period, a
+            # shadow abandoned): nothing is readable there any more, so nothing to report.
+            continue
         except Exception as error:  # reported; the audit goes on
             report.error(f"table {shape.name}", error)
         scanned.places += 1

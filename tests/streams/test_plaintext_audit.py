@@ -316,3 +316,29 @@ def test_a_planted_marker_is_found_everywhere_and_a_shredded_one_nowhere(env: An
 async def _schemas(env: Any) -> list[str]:
     async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
         return await memproj_schemas(conn)
+
+
+@pytest.mark.integration
+def test_a_table_dropped_during_the_audit_is_skipped_not_an_error(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild copy the deletion worker drops while the audit runs: the catalog named it,
+    the scan finds it gone, and nothing is readable there, so the audit reports no error."""
+    from streams.audit import postgres
+
+    gone = postgres.TableShape(
+        env.schema, f"dropped_{uuid.uuid4().hex[:8]}", (postgres.Column("id", False),), ("id",)
+    )
+    monkeypatch.setattr(postgres, "table_shapes", lambda *_: _async_value([gone]))
+
+    async def run() -> Report:
+        report = Report(Matcher.of(f"marker-{uuid.uuid4().hex}"))
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            await postgres.scan_postgres(conn, report.matcher, report, only=[env.schema])
+        return report
+
+    assert asyncio.run(run()).errors == []
+
+
+async def _async_value(value: Any) -> Any:
+    return value
