@@ -500,10 +500,15 @@ def report(result: dict[str, Any], versions: int) -> None:
                 f" {e['waited_s']:.0f} s after the load)",
             )
         )
-        slowest = ", ".join(
-            f"{store} {_ms(ms)}" for store, ms in e["store_acknowledged_p99_ms"].items()
-        )
-        lines.append(("  p99 per store acknowledged", slowest))
+        for store, acknowledged in e["store_acknowledged"].items():
+            lines.append(
+                (
+                    f"  {store} acknowledged",
+                    f"p50 {_ms(e['store_acknowledged_p50_ms'][store])},"
+                    f" p99 {_ms(e['store_acknowledged_p99_ms'][store])},"
+                    f" {acknowledged} of {e['requested']}",
+                )
+            )
     for label, text in lines:
         print(f"  {label:<36} {text}")
     print(

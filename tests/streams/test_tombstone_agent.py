@@ -1,10 +1,14 @@
-"""The tombstone handler's failure handling: acknowledgements and dead letters survive a
+"""The tombstone handler's batches and failure handling: a batch is erased in one
+``erase_many`` and acknowledged in one publish, acknowledgements and dead letters survive a
 failed publish, a tombstone that hits a bug is dead-lettered with a failed ack while the rest
-are honoured, and an environment fault stops the worker. Pure: fake store, publisher, source."""
+are honoured, and an environment fault stops the worker. Pure: fake store, publisher, source
+(the stores' own batches: tests/projections/test_vector_store.py, test_cache_store.py,
+test_table_stores.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -47,7 +51,10 @@ class Store:
     failures: int = 0
     failure: type[Exception] = psycopg.OperationalError
     broken: set[str] = field(default_factory=set)
+    # How many more erasures of a tombstone still find its items.
+    unverified: dict[str, int] = field(default_factory=dict)
     erased: list[str] = field(default_factory=list)
+    batches: list[list[str]] = field(default_factory=list)
     name: str = "cache"
 
     async def erase(self, tombstone: Tombstone) -> Erased:
@@ -57,7 +64,14 @@ class Store:
         if self.failures:
             self.failures -= 1
             raise self.failure("store down")
+        if self.unverified.get(tombstone.deletion_id):
+            self.unverified[tombstone.deletion_id] -= 1
+            return Erased(removed=1, reachable=[f"item of {tombstone.deletion_id}"])
         return Erased(removed=1, reachable=[])
+
+    async def erase_many(self, tombstones: Sequence[Tombstone]) -> list[Erased]:
+        self.batches.append([tombstone.deletion_id for tombstone in tombstones])
+        return [await self.erase(tombstone) for tombstone in tombstones]
 
 
 def acks(publisher: Publisher) -> list[tuple[str, str]]:
@@ -155,3 +169,70 @@ def test_tombstones_for_other_stores_are_acknowledged_untouched() -> None:
     source, _ = run(store, publisher, [[tombstone_message("d1")]])
     assert store.erased == [] and source.acked == [0]
     assert pytest.approx(0) == len(publisher.published)
+
+
+def test_a_batch_is_erased_at_once_and_acknowledged_in_one_publish() -> None:
+    store, log = Store(), []
+    publisher = Publisher(log=log)
+    source, stops = run(store, publisher, [[tombstone_message(f"d{i}", i) for i in range(3)]])
+    assert store.batches == [["d0", "d1", "d2"]]
+    assert log == ["publish 3"]
+    assert acks(publisher) == [("d0", "done"), ("d1", "done"), ("d2", "done")]
+    assert source.acked == [0, 1, 2] and stops.stopped == []
+
+
+def test_a_transient_failure_of_a_batch_retries_the_batch_and_acks_each_done_once() -> None:
+    store, publisher = Store(failures=1), Publisher()
+    source, _ = run(store, publisher, [[tombstone_message(f"d{i}", i) for i in range(3)]])
+    assert store.batches == [["d0", "d1", "d2"], ["d0", "d1", "d2"]]
+    failed, done = acks(publisher)[:3], acks(publisher)[3:]
+    assert failed == [("d0", "failed"), ("d1", "failed"), ("d2", "failed")]
+    assert done == [("d0", "done"), ("d1", "done"), ("d2", "done")]
+    assert source.acked == [0, 1, 2]
+
+
+def test_only_the_tombstones_still_reachable_are_erased_again() -> None:
+    store, publisher = Store(unverified={"d1": 2}), Publisher()
+    source, _ = run(store, publisher, [[tombstone_message(f"d{i}", i) for i in range(3)]])
+    assert store.batches == [["d0", "d1", "d2"], ["d1"], ["d1"]]
+    assert acks(publisher) == [
+        ("d1", "failed"),
+        ("d1", "failed"),
+        ("d0", "done"),
+        ("d2", "done"),
+        ("d1", "done"),
+    ]
+    (retried,) = [
+        body
+        for m in publisher.on("deletion.acks")
+        for body in [orjson.loads(m.value or b"")]
+        if body["deletion_id"] == "d1" and body["status"] == "done"
+    ]
+    assert retried["attempt"] == 3
+    assert source.acked == [0, 1, 2]
+
+
+def test_a_poison_tombstone_in_a_batch_is_dead_lettered_alone_and_the_others_done_once() -> None:
+    store, publisher = Store(broken={"d2"}), Publisher()
+    invalid = InputMessage(TOMBSTONES, 0, 4, b"acme:d4", b"not a tombstone", ())
+    batch = [tombstone_message(f"d{i}", i) for i in range(4)] + [invalid]
+    source, stops = run(store, publisher, [batch])
+    # The batch failed on d2; then one at a time: only d2 fails (twice: alone, it is its own).
+    assert store.batches[0] == ["d0", "d1", "d2", "d3"]
+    assert store.batches[1:] == [["d0"], ["d1"], ["d2"], ["d3"]]
+    assert acks(publisher) == [("d0", "done"), ("d1", "done"), ("d2", "failed"), ("d3", "done")]
+    letters = [orjson.loads(m.value or b"") for m in publisher.on(".dlq")]
+    assert sorted(letter["offset"] for letter in letters) == [2, 4]
+    assert source.acked == [0, 1, 2, 3, 4] and stops.stopped == []
+
+
+def test_an_invalid_message_beside_a_batch_is_dead_lettered_and_the_batch_erased_at_once() -> None:
+    store, publisher = Store(), Publisher()
+    invalid = InputMessage(TOMBSTONES, 0, 1, b"acme:d1", b"not a tombstone", ())
+    batch = [tombstone_message("d0", 0), invalid, tombstone_message("d2", 2)]
+    source, stops = run(store, publisher, [batch])
+    assert store.batches == [["d0", "d2"]]
+    assert acks(publisher) == [("d0", "done"), ("d2", "done")]
+    (letter,) = [orjson.loads(m.value or b"") for m in publisher.on(".dlq")]
+    assert letter["offset"] == 1 and letter["error_code"] == "invalid_event"
+    assert source.acked == [0, 1, 2] and stops.stopped == []
