@@ -11,16 +11,25 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from projections.stores.base import Erased
+from projections.embeddings.lance import LanceVectorStore
+from projections.sealing.crypto import new_data_key
+from projections.sealing.probes import ProbeSealer
+from projections.stores.base import DerivedStore, Erased
+from projections.stores.embeddings import EmbeddingsStore
+from projections.stores.tables import SummariesStore
 from streams.agents.tombstones import TombstoneHandler
 from streams.metrics import Metrics
+from streams.services import make_pool
 from support.fakes import Publisher, Source, Stops, loop_for
+from support.vector_entries import EMBEDDER, memory
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 from topics.messages import InputMessage
 from topics.registry import DELETION_TOMBSTONES, TopicNames, entity_key
@@ -42,7 +51,11 @@ def tombstone_message(deletion_id: str, offset: int = 0) -> InputMessage:
         deadline_at=NOW + timedelta(hours=1),
         required_stores=("cache",),
     )
-    key = entity_key("acme", deletion_id).encode()
+    return message_of(tombstone, offset)
+
+
+def message_of(tombstone: Tombstone, offset: int) -> InputMessage:
+    key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
     return InputMessage(TOMBSTONES, 0, offset, key, tombstone.model_dump_json().encode(), ())
 
 
@@ -82,7 +95,7 @@ def acks(publisher: Publisher) -> list[tuple[str, str]]:
     ]
 
 
-def handler(store: Store, publisher: Publisher) -> TombstoneHandler:
+def handler(store: Store | DerivedStore, publisher: Publisher) -> TombstoneHandler:
     return TombstoneHandler(
         store,  # type: ignore[arg-type]
         publisher,
@@ -94,7 +107,7 @@ def handler(store: Store, publisher: Publisher) -> TombstoneHandler:
 
 
 def run(
-    store: Store, publisher: Publisher, batches: list[list[InputMessage]]
+    store: Store | DerivedStore, publisher: Publisher, batches: list[list[InputMessage]]
 ) -> tuple[Source, Stops]:
     source, stops = Source(batches), Stops()
     loop = loop_for(handler(store, publisher), stops)
@@ -172,7 +185,7 @@ def test_tombstones_for_other_stores_are_acknowledged_untouched() -> None:
 
 
 def test_a_batch_is_erased_at_once_and_acknowledged_in_one_publish() -> None:
-    store, log = Store(), []
+    store, log = Store(), list[str]()
     publisher = Publisher(log=log)
     source, stops = run(store, publisher, [[tombstone_message(f"d{i}", i) for i in range(3)]])
     assert store.batches == [["d0", "d1", "d2"]]
@@ -235,4 +248,100 @@ def test_an_invalid_message_beside_a_batch_is_dead_lettered_and_the_batch_erased
     assert acks(publisher) == [("d0", "done"), ("d2", "done")]
     (letter,) = [orjson.loads(m.value or b"") for m in publisher.on(".dlq")]
     assert letter["offset"] == 1 and letter["error_code"] == "invalid_event"
+    assert source.acked == [0, 1, 2] and stops.stopped == []
+
+
+# -- against the real stores ------------------------------------------------------------------
+
+
+class CountingPurges(LanceVectorStore):
+    purges = 0
+
+    def purge_history(self) -> None:
+        self.purges += 1
+        super().purge_history()
+
+
+def subject_erasure(deletion_id: str, subject_id: str, store: str) -> Tombstone:
+    return Tombstone(
+        deletion_id=deletion_id,
+        tenant_id="acme",
+        kind="erasure",
+        target=DeletionTarget(type="subject", subject_type="user", id=subject_id),
+        items=(TombstoneItem(type="memory", id=f"{subject_id}-0"),),
+        issued_at=NOW,
+        cut_off=NOW,
+        deadline_at=NOW + timedelta(hours=1),
+        required_stores=(store,),
+    )
+
+
+def test_a_batch_of_erasures_of_several_subjects_takes_one_purge_of_the_vectors(
+    tmp_path: Path,
+) -> None:
+    vectors = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim)
+    subjects = ["alice", "bob", "carol"]
+    for name in [*subjects, "dave"]:  # one upsert each: old versions to purge
+        vectors.upsert(
+            [memory(f"{name}-{n}", f"{name} fact {n}", "acme", ("user", name)) for n in range(2)]
+        )
+    store = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()))
+    log: list[str] = []
+    publisher = Publisher(log=log)
+    batch = [
+        message_of(subject_erasure(f"d-{name}", name, "embeddings"), n)
+        for n, name in enumerate(subjects)
+    ]
+
+    source, stops = run(store, publisher, [batch])
+
+    assert acks(publisher) == [(f"d-{name}", "done") for name in subjects]
+    assert [orjson.loads(m.value or b"")["removed_count"] for m in publisher.published] == [2] * 3
+    assert log == ["publish 3"] and vectors.purges == 1
+    assert {entry.subject_id for entry in vectors.entries("acme")} == {"dave"}
+    assert vectors.history_versions() == 0
+    assert source.acked == [0, 1, 2] and stops.stopped == []
+
+
+@pytest.mark.integration
+def test_a_poison_tombstone_among_good_ones_is_dead_lettered_and_the_others_done(
+    env: Any,
+) -> None:
+    with env.connect() as conn:
+        for conversation in ("c0", "c2", "c3"):
+            conn.execute(
+                "INSERT INTO conversation_summaries VALUES"
+                " ('acme', %s, 1, 'a summary', '{}', %s, 'e1', '[]', 'user', 'alice')",
+                (conversation, NOW - timedelta(days=1)),
+            )
+    tombstones = [
+        Tombstone(
+            deletion_id=f"d{n}",
+            tenant_id="acme",
+            kind="erasure",
+            target=DeletionTarget(type="conversation", id=conversation),
+            items=(TombstoneItem(type="conversation", id=conversation),),
+            issued_at=NOW,
+            cut_off=NOW,
+            deadline_at=NOW + timedelta(hours=1),
+            required_stores=("summaries",),
+        )
+        # PostgreSQL text holds no NUL: d1 fails whatever is retried, a poison pill.
+        for n, conversation in enumerate(["c0", "c\x00", "c2"])
+    ]
+    publisher, stops = Publisher(), Stops()
+    source = Source([[message_of(tombstone, n) for n, tombstone in enumerate(tombstones)]])
+
+    async def main() -> None:
+        async with make_pool(env.settings.postgres_dsn, 1) as pool:
+            await loop_for(handler(SummariesStore(pool), publisher), stops).run(source)
+
+    asyncio.run(main())
+
+    assert acks(publisher) == [("d0", "done"), ("d1", "failed"), ("d2", "done")]
+    (letter,) = [orjson.loads(m.value or b"") for m in publisher.on(".dlq")]
+    assert letter["offset"] == 1 and letter["error_code"] == "unstorable"
+    with env.connect() as conn:
+        rows = conn.execute("SELECT conversation_id FROM conversation_summaries").fetchall()
+    assert rows == [("c3",)]
     assert source.acked == [0, 1, 2] and stops.stopped == []
