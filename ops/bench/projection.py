@@ -2,6 +2,7 @@
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
         [--no-backlog] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
+        [--load-seconds 20] [--load-rate EVENTS_PER_S]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
@@ -23,8 +24,9 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
 - rebuild from earliest: ``memproj replay memory`` of the live apply's sealed log into a
   shadow schema (the same runner, reducer and guard, read with a plain consumer);
 - freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
-  rate, in an environment running the pipeline, the deletion worker, the four store workers
-  and the monitor;
+  rate (or ``--load-rate``: on a shared machine the apply rate, and so the load, moves from
+  run to run), in an environment running the pipeline, the deletion worker, the four store
+  workers and the monitor;
 - scale-out (scale_out.py): memory workers join and leave during an apply of the same stream;
   its checksum against the live apply's, and the rebalance pauses;
 - every worker's peak RSS through all of it (rss.py).
@@ -207,6 +209,12 @@ def main() -> None:
     parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the scale-out")
     parser.add_argument("--load-seconds", type=float, default=20.0, help="freshness, erasure")
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        help="events/s of freshness and erasure under load (default: half the live apply"
+        " rate); fixed, two runs on a shared machine load their workers alike",
+    )
     parser.add_argument("--erasures", type=int, default=20, help="erasures under load (≤ 25)")
     args = parser.parse_args()
 
@@ -254,13 +262,14 @@ def main() -> None:
                 replay_projection(live.settings, memory_projection(live.settings), swap="never")
             )
         half_rate = apply_rate / 2
+        load_rate = args.load_rate or half_rate
         if not args.no_freshness:
             parts["freshness"] = freshness_alone(
-                fresh.settings, RESULTS / f"worker-{run}-fresh", args, half_rate, peak_rss
+                fresh.settings, RESULTS / f"worker-{run}-fresh", args, load_rate, peak_rss
             )
         if not (args.no_freshness and args.no_erasure):
             parts.update(
-                under_load(load.settings, RESULTS / f"worker-{run}-load", args, half_rate, peak_rss)
+                under_load(load.settings, RESULTS / f"worker-{run}-load", args, load_rate, peak_rss)
             )
         if not args.no_scale_out:
             parts["scale_out"] = measure_scale_out(
