@@ -41,18 +41,17 @@ log = logging.getLogger(__name__)
 KNOWN = frozenset(STORE_NAMES)
 
 
-class StillReachable(RuntimeError):
-    @classmethod
-    def of(cls, erased: Erased) -> StillReachable:
-        return cls(f"still reachable: {', '.join(erased.reachable[:5])}")
-
-
 # Where a message is in its topic: what names it within a batch.
 Position = tuple[str, int, int]
 
 
 def _position(message: InputMessage) -> Position:
     return (message.topic, message.partition, message.offset)
+
+
+def _still_reachable(erased: Erased) -> str:
+    """The error of a ``failed`` acknowledgement for items a store still holds."""
+    return f"still reachable: {', '.join(erased.reachable[:5])}"[:500]
 
 
 class TombstoneHandler:
@@ -163,10 +162,7 @@ class TombstoneHandler:
             ]
             if unverified:
                 await self._acknowledge(
-                    [
-                        self._ack(t, "failed", 0, attempt, str(StillReachable.of(e))[:500])
-                        for t, e in unverified
-                    ]
+                    [self._ack(t, "failed", 0, attempt, _still_reachable(e)) for t, e in unverified]
                 )
                 await self._back_off(attempt, [t for t, _ in unverified], "still reachable")
             pending = [t for t, _ in unverified]
