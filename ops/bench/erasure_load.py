@@ -53,11 +53,14 @@ class ErasureUnderLoad:
         return [value for value in values if value is not None]
 
     def _by_store(self) -> dict[str, list[float]]:
+        """Each required store's acknowledgement latencies; a store that acknowledged none
+        is there with an empty list."""
         stores: dict[str, list[float]] = {}
         for erasure in self.erasures:
             for store, acked in erasure.stores_ms.items():
+                stores.setdefault(store, [])
                 if acked is not None:
-                    stores.setdefault(store, []).append(acked)
+                    stores[store].append(acked)
         return stores
 
     def as_json(self) -> dict[str, object]:
@@ -74,9 +77,16 @@ class ErasureUnderLoad:
             "completed_p99_ms": rounded_ms(percentile(completed, 0.99)),
             "recorded_p50_ms": rounded_ms(percentile(self._done("recorded_ms"), 0.50)),
             # which store the wait is for
+            "store_acknowledged_p50_ms": {
+                store: rounded_ms(percentile(acked, 0.50))
+                for store, acked in sorted(self._by_store().items())
+            },
             "store_acknowledged_p99_ms": {
                 store: rounded_ms(percentile(acked, 0.99))
                 for store, acked in sorted(self._by_store().items())
+            },
+            "store_acknowledged": {
+                store: len(acked) for store, acked in sorted(self._by_store().items())
             },
             "target_p99_ms": TARGET_P99_MS,
         }

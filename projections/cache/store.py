@@ -233,22 +233,39 @@ class RedisCache:
         memory_ids: Sequence[str] = (),
     ) -> int:
         """Delete every entry indexed under any of the targets; the number of entries deleted."""
-        keys = self._keys(tenant_id)
         targets = Holdings.targets(subject, conversation_ids, memory_ids)
-        members = await self._members(keys.indexes(targets))
+        (deleted,) = await self.invalidate_each([(tenant_id, targets)])
+        return deleted
+
+    async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]:
+        """``invalidate`` of each (tenant, targets), in two round trips for them all: the
+        indexes read in one pipeline, the entries deleted in one transaction. How many
+        entries each deleted, counted as if one after the other (an entry two erasures
+        share counts for the first)."""
+        keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
+        members = await self._members(
+            list(dict.fromkeys(i for tenant, targets in keys for i in tenant.indexes(targets)))
+        )
         # A context entry's key is known from its conversation: delete it even if unindexed.
-        doomed = set(map(keys.context, targets.conversation_ids)).union(*members.values())
-        if not doomed:
-            return 0
+        doomed = [
+            set(map(tenant.context, targets.conversation_ids)).union(
+                *(members[index] for index in tenant.indexes(targets))
+            )
+            for tenant, targets in keys
+        ]
+        if not any(doomed):
+            return [0] * len(erasures)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(*doomed)
+            for entries in doomed:
+                if entries:
+                    pipe.delete(*entries)
             # Removing only the members read, rather than deleting the sets, keeps an entry that
             # a concurrent put indexed meanwhile; Redis drops each set with its last member.
             for index, found in members.items():
                 if found:
                     pipe.srem(index, *found)
-            deleted, *_ = await pipe.execute()
-        return int(deleted)
+            replies = iter(await pipe.execute())
+        return [int(next(replies)) if entries else 0 for entries in doomed]
 
     async def reachable(
         self,
@@ -261,15 +278,34 @@ class RedisCache:
         """Keys of the tenant's entries still holding any of the targets, found through the
         indexes and by scanning every cache key of the tenant. A value that cannot be read as
         an entry is reported too: nothing proves it does not hold them. Empty: none left."""
-        keys = self._keys(tenant_id)
         targets = Holdings.targets(subject, conversation_ids, memory_ids)
-        members = await self._members(keys.indexes(targets))
-        candidates = await self._scan(keys.cache_pattern())
-        candidates.update(*members.values())
+        (found,) = await self.reachable_each([(tenant_id, targets)])
+        return found
+
+    async def reachable_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[list[str]]:
+        """``reachable`` of each (tenant, targets), sorted keys each: one scan per tenant and
+        one read of every candidate for them all."""
+        keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
+        members = await self._members(
+            list(dict.fromkeys(i for tenant, targets in keys for i in tenant.indexes(targets)))
+        )
+        scanned = {
+            tenant_id: await self._scan(self._keys(tenant_id).cache_pattern())
+            for tenant_id in dict.fromkeys(tenant_id for tenant_id, _ in erasures)
+        }
+        candidates = [
+            scanned[tenant.tenant_id].union(*(members[index] for index in tenant.indexes(targets)))
+            for tenant, targets in keys
+        ]
+        entries = {key: entry async for key, entry in self._read(set().union(*candidates))}
         return [
-            key
-            async for key, entry in self._read(candidates)
-            if entry is None or holdings_of(entry).overlaps(targets)
+            [
+                key
+                for key in sorted(mine)
+                if key in entries
+                and ((entry := entries[key]) is None or holdings_of(entry).overlaps(targets))
+            ]
+            for mine, (_, targets) in zip(candidates, keys, strict=True)
         ]
 
     async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]:

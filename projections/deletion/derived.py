@@ -42,3 +42,28 @@ def erased_by(tombstone: Tombstone, found: Sequence[VectorEntry]) -> list[Vector
     return [
         entry for entry in found if listed.matches(entry) or entry.occurred_at <= tombstone.cut_off
     ]
+
+
+def erased_by_each(
+    tombstones: Sequence[Tombstone], found: Sequence[VectorEntry]
+) -> list[list[VectorEntry]]:
+    """Of the entries the tombstones' matches found together (one query for a batch), those
+    each tombstone erases, in the tombstones' order; an entry two tombstones erase is in
+    both lists."""
+    erased = []
+    for tombstone in tombstones:
+        match = match_of(tombstone)
+        erased.append(erased_by(tombstone, [entry for entry in found if match.matches(entry)]))
+    return erased
+
+
+def first_claims(erased: Sequence[Sequence[VectorEntry]]) -> list[list[VectorEntry]]:
+    """Each list of ``erased`` without the entries an earlier list holds: what each erasure
+    of a batch removes, counted as if they had run one after the other."""
+    claimed: set[tuple[str, str]] = set()
+    claims = []
+    for entries in erased:
+        mine = [e for e in entries if (e.tenant_id, e.id) not in claimed]
+        claimed.update((e.tenant_id, e.id) for e in mine)
+        claims.append(mine)
+    return claims

@@ -70,6 +70,13 @@ def match_filter(match: Match) -> str | None:
     return f"{tenant_filter(match.tenant_id)} AND ({' OR '.join(alternatives)})"
 
 
+def any_match_filter(matches: Sequence[Match]) -> str | None:
+    """The LanceDB filter selecting the entries any of ``matches`` selects; None when every
+    match is empty."""
+    filters = [f"({where})" for where in map(match_filter, matches) if where is not None]
+    return " OR ".join(filters) if filters else None
+
+
 # -- LanceDB -------------------------------------------------------------------------------
 
 
@@ -171,7 +178,10 @@ class LanceVectorStore:
         )
 
     def remove(self, match: Match) -> int:
-        where = match_filter(match)
+        return self.remove_any([match])
+
+    def remove_any(self, matches: Sequence[Match]) -> int:
+        where = any_match_filter(matches)
         if where is None:
             return 0
 
@@ -184,11 +194,14 @@ class LanceVectorStore:
         return self._run(remove)
 
     def find(self, match: Match) -> list[VectorEntry]:
-        where = match_filter(match)
+        return self.find_any([match])
+
+    def find_any(self, matches: Sequence[Match]) -> list[VectorEntry]:
+        where = any_match_filter(matches)
         if where is None:
             return []
         entries = self._query(where)
-        return sorted(entries, key=lambda entry: entry.id)
+        return sorted(entries, key=lambda entry: (entry.tenant_id, entry.id))
 
     def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:
         if not entry_ids:

@@ -107,8 +107,18 @@ class VectorStore(Protocol):
         """Delete the matching entries; how many there were."""
         ...
 
+    def remove_any(self, matches: Sequence[Match]) -> int:
+        """Delete the entries any of ``matches`` selects, in one commit (one table version
+        for a batch of erasures); how many there were."""
+        ...
+
     def find(self, match: Match) -> list[VectorEntry]:
         """The matching entries (of the match's tenant only), ordered by id."""
+        ...
+
+    def find_any(self, matches: Sequence[Match]) -> list[VectorEntry]:
+        """The entries any of ``matches`` selects (each of its match's tenant), in one query,
+        ordered by tenant and id."""
         ...
 
     def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:

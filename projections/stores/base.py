@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import ClassVar, Protocol
@@ -93,6 +93,12 @@ class DerivedStore(ABC):
     @abstractmethod
     async def erase(self, tombstone: Tombstone) -> Erased:
         """Remove every copy of the tombstone's items, then check they are unreachable."""
+
+    async def erase_many(self, tombstones: Sequence[Tombstone]) -> list[Erased]:
+        """``erase`` of every tombstone, one result each in their order, with the same
+        guarantee for each. Stores where a batch costs less than its tombstones one by one
+        (a purge, a round trip, a transaction) do it at once; the others erase in turn."""
+        return [await self.erase(tombstone) for tombstone in tombstones]
 
     @abstractmethod
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:

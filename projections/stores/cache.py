@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
+from projections.cache.store import Holdings, RedisCache
 from projections.deletion.derived import subject_of
 from projections.deletion.erasure import ErasureIndex
 from projections.stores.base import DerivedStore, Erased, StoreResources
@@ -25,17 +25,15 @@ class CacheStore(DerivedStore):
         return cls(resources.cache)
 
     async def erase(self, tombstone: Tombstone) -> Erased:
-        tenant = tombstone.tenant_id
-        subject = subject_of(tombstone)
-        conversations = tombstone.conversation_ids()
-        memories = tombstone.ids("memory")
-        removed = await self._cache.invalidate(
-            tenant, subject=subject, conversation_ids=conversations, memory_ids=memories
-        )
-        left = await self._cache.reachable(
-            tenant, subject=subject, conversation_ids=conversations, memory_ids=memories
-        )
-        return Erased(removed, left)
+        (erased,) = await self.erase_many([tombstone])
+        return erased
+
+    async def erase_many(self, tombstones: Sequence[Tombstone]) -> list[Erased]:
+        """Two round trips to invalidate the batch, and one scan per tenant to check it."""
+        erasures = [(tombstone.tenant_id, _targets(tombstone)) for tombstone in tombstones]
+        removed = await self._cache.invalidate_each(erasures)
+        left = await self._cache.reachable_each(erasures)
+        return [Erased(count, keys) for count, keys in zip(removed, left, strict=True)]
 
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
         """Entries that still hold an erased memory or conversation (the tombstone's items).
@@ -62,3 +60,10 @@ class CacheStore(DerivedStore):
                     tenant, memory_ids=memories, conversation_ids=conversations
                 )
         return sorted(found)
+
+
+def _targets(tombstone: Tombstone) -> Holdings:
+    """What an erasure invalidates: its subject's entries as well as its items'."""
+    return Holdings.targets(
+        subject_of(tombstone), tombstone.conversation_ids(), tombstone.ids("memory")
+    )

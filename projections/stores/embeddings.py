@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
 from projections.deletion import store as deletion_store
 from projections.deletion.coverage import keys_of
-from projections.deletion.derived import erased_by, match_of
+from projections.deletion.derived import erased_by, erased_by_each, first_claims, match_of
 from projections.deletion.erasure import ErasureIndex
 from projections.embeddings.vectors import Match, VectorEntry, VectorStore, memory_entry_id
 from projections.sealing.probes import ProbeSealer
@@ -55,21 +55,38 @@ class EmbeddingsStore(DerivedStore):
         return [("", self._vectors)] + [(f"{n}:", shadows.open(n)) for n in names if shadows]
 
     async def erase(self, tombstone: Tombstone) -> Erased:
-        match = match_of(tombstone)
-        removed, left = 0, []
+        (erased,) = await self.erase_many([tombstone])
+        return erased
+
+    async def erase_many(self, tombstones: Sequence[Tombstone]) -> list[Erased]:
+        """One delete, one purge of the old versions and one check per table for the whole
+        batch, under one hold of the write lock: the purge is what an erasure costs (it
+        rewrites the table), and it costs the same for one tombstone as for a hundred."""
+        if not tombstones:
+            return []
+        matches = [match_of(tombstone) for tombstone in tombstones]
+        removed = [0] * len(tombstones)
+        left: list[list[str]] = [[] for _ in tombstones]
         async with self._writes:
             for label, vectors in await asyncio.to_thread(self._tables):
-                found = await asyncio.to_thread(vectors.find, match)
-                doomed = tuple(entry.id for entry in erased_by(tombstone, found))
-                removed += await asyncio.to_thread(
-                    vectors.remove, Match(tombstone.tenant_id, entry_ids=doomed)
-                )
+                found = await asyncio.to_thread(vectors.find_any, matches)
+                claims = first_claims(erased_by_each(tombstones, found))
+                doomed = [
+                    Match(tombstone.tenant_id, entry_ids=tuple(entry.id for entry in claim))
+                    for tombstone, claim in zip(tombstones, claims, strict=True)
+                ]
+                await asyncio.to_thread(vectors.remove_any, doomed)
                 await asyncio.to_thread(vectors.purge_history)
-                left += [f"{label}{e.id}" for e in await _still(vectors, tombstone, match)]
+                still = erased_by_each(
+                    tombstones, await asyncio.to_thread(vectors.find_any, matches)
+                )
                 versions = await asyncio.to_thread(vectors.history_versions)
-                if versions:
-                    left.append(f"{label}{versions} old table versions")
-        return Erased(removed, left)
+                for n, claim in enumerate(claims):
+                    removed[n] += len(claim)
+                    left[n] += [f"{label}{e.id}" for e in still[n]]
+                    if versions:
+                        left[n].append(f"{label}{versions} old table versions")
+        return [Erased(count, reachable) for count, reachable in zip(removed, left, strict=True)]
 
     async def expire_copies(self, now: datetime, grace: timedelta) -> list[str]:
         if self._shadows is None:

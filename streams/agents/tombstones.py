@@ -1,20 +1,22 @@
-"""The handler that makes a derived store honour tombstones.
+"""The handler that makes a derived store honour tombstones, a batch at a time.
 
-For every tombstone meant for its store: remove the items, check they are unreachable, then
-publish ``deletion.acknowledged``; the batch loop acknowledges the tombstones' offsets only
-after that. A transient failure (the store unreachable, items still reachable) publishes a
-``failed`` acknowledgement (the ledger records it) and is retried with backoff until it
-passes; a crash anywhere redelivers the tombstone, and removing twice is harmless. A failure
-that is about the tombstone itself (a bug it hits) publishes a ``failed`` acknowledgement and
-dead-letters it: the ledger keeps the deletion pending, redelivers it and reports it overdue,
-and the tombstones after it are honoured meanwhile.
+The batch's tombstones for its store are erased in one ``erase_many`` (one purge of the
+vector store's old versions for them all, not one each), checked unreachable, then their
+``deletion.acknowledged`` published in one publish; the batch loop acknowledges the
+tombstones' offsets only after that. A transient failure (the store unreachable, items still
+reachable) publishes a ``failed`` acknowledgement (the ledger records it) and is retried with
+backoff until it passes; a crash anywhere redelivers the tombstones, and removing twice is
+harmless. A failure that is about a tombstone itself (a bug it hits) makes the batch be
+honoured one tombstone at a time, so that only that one publishes a ``failed``
+acknowledgement and is dead-lettered: the ledger keeps its deletion pending, redelivers it
+and reports it overdue, and the others are honoured meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
 from projections.stores import STORE_NAMES
-from projections.stores.base import DerivedStore
+from projections.stores.base import DerivedStore, Erased
 from streams.failures import FailureKind, classify, retry_transient
 from streams.isolation import Isolation, stage
 from streams.metrics import Metrics
@@ -39,8 +41,17 @@ log = logging.getLogger(__name__)
 KNOWN = frozenset(STORE_NAMES)
 
 
-class StillReachable(RuntimeError):
-    pass
+# Where a message is in its topic: what names it within a batch.
+Position = tuple[str, int, int]
+
+
+def _position(message: InputMessage) -> Position:
+    return (message.topic, message.partition, message.offset)
+
+
+def _still_reachable(erased: Erased) -> str:
+    """The error of a ``failed`` acknowledgement for items a store still holds."""
+    return f"still reachable: {', '.join(erased.reachable[:5])}"[:500]
 
 
 class TombstoneHandler:
@@ -65,51 +76,120 @@ class TombstoneHandler:
         return f"{self.store.name}-tombstones"
 
     async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
-        """Honour every tombstone in order; dead letters are published before the batch is
-        acknowledged."""
-        dead = await isolation.each(messages, self.handle, "erase")
+        """Honour the batch's tombstones together, or one at a time when that fails because
+        of one of them; dead letters are published before the batch is acknowledged."""
+        ours, refused = self._sort(messages)
+        # The batch honoured, only the messages refused are left to isolation.
+        handle: Callable[[InputMessage], Awaitable[None]] = partial(self._refuse, refused)
+        try:
+            await self._honour(ours, alone=False)
+        except Exception as exc:
+            if classify(exc) is not FailureKind.MESSAGE:
+                raise
+            log.warning(
+                "%s: a batch of %d tombstones failed (%s); honouring them one at a time",
+                self.store.name,
+                len(ours),
+                exc,
+            )
+            handle = self.handle
+        dead = await isolation.each(messages, handle, "erase")
         await isolation.dead_letters.keep(dead)  # a letter's key is durable before the letter
         await self._publish(f"{self.store.name}: {len(dead)} dead letters", dead)
 
     async def handle(self, message: InputMessage) -> None:
+        """Honour one tombstone on its own."""
         with stage("decode"):
             tombstone = self._decode(message)
-        if not tombstone.is_for(self.store.name):
-            return
+        if tombstone.is_for(self.store.name):
+            with stage("erase"):
+                await self._honour([tombstone], alone=True)
+
+    def _sort(
+        self, messages: Sequence[InputMessage]
+    ) -> tuple[list[Tombstone], dict[Position, Exception]]:
+        """The tombstones for this store, in order, and what refused the messages that do
+        not decode (left to isolation, which dead-letters them)."""
+        ours: list[Tombstone] = []
+        refused: dict[Position, Exception] = {}
+        for message in messages:
+            try:
+                tombstone = self._decode(message)
+            except Exception as exc:
+                refused[_position(message)] = exc
+                continue
+            if tombstone.is_for(self.store.name):
+                ours.append(tombstone)
+        return ours, refused
+
+    @staticmethod
+    async def _refuse(refused: Mapping[Position, Exception], message: InputMessage) -> None:
+        failure = refused.get(_position(message))
+        if failure is not None:
+            with stage("decode"):
+                raise failure
+
+    async def _honour(self, tombstones: Sequence[Tombstone], alone: bool) -> None:
+        """Erase the tombstones and verify them, retrying the unverified ones and transient
+        failures with backoff, then publish every ``done`` acknowledgement in one publish.
+
+        A failure about a tombstone is raised, and acknowledged ``failed`` only when
+        ``alone`` (one tombstone honoured on its own): in a batch it is not known whose it
+        is. An environment fault is acknowledged ``failed`` and raised: the worker stops.
+        """
+        pending = list(tombstones)
+        done: list[tuple[Tombstone, Erased, int]] = []
         attempt = 0
-        while True:
+        while pending:
             attempt += 1
             try:
-                with stage("erase"):
-                    erased = await self.store.erase(tombstone)
-                if erased.reachable:
-                    raise StillReachable(f"still reachable: {', '.join(erased.reachable[:5])}")
+                erased = await self.store.erase_many(pending)
+                if len(erased) != len(pending):
+                    raise RuntimeError(f"{len(erased)} results of {len(pending)} tombstones")
             except Exception as exc:
-                await self._acknowledge(tombstone, "failed", 0, attempt, str(exc)[:500])
-                if not (isinstance(exc, StillReachable) or classify(exc) is FailureKind.TRANSIENT):
-                    raise  # about this tombstone: isolated; the ledger redelivers it later
-                delay = min(self._max_backoff, 0.2 * 2**attempt)
-                log.warning(
-                    "%s: tombstone %s failed (%s); retry in %.1fs",
-                    self.store.name,
-                    tombstone.deletion_id,
-                    exc,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+                kind = classify(exc)
+                if kind is not FailureKind.MESSAGE or alone:
+                    await self._acknowledge(
+                        [self._ack(t, "failed", 0, attempt, str(exc)[:500]) for t in pending]
+                    )
+                if kind is not FailureKind.TRANSIENT:
+                    raise
+                await self._back_off(attempt, pending, str(exc))
                 continue
-            await self._acknowledge(tombstone, "done", erased.removed, attempt, None)
-            self._metrics.tombstone_applied(self.store.name, erased.removed)
-            return
+            unverified = [(t, e) for t, e in zip(pending, erased, strict=True) if e.reachable]
+            done += [
+                (t, e, attempt) for t, e in zip(pending, erased, strict=True) if not e.reachable
+            ]
+            if unverified:
+                await self._acknowledge(
+                    [self._ack(t, "failed", 0, attempt, _still_reachable(e)) for t, e in unverified]
+                )
+                await self._back_off(attempt, [t for t, _ in unverified], "still reachable")
+            pending = [t for t, _ in unverified]
+        await self._acknowledge([self._ack(t, "done", e.removed, n, None) for t, e, n in done])
+        for _, erased_one, _ in done:
+            self._metrics.tombstone_applied(self.store.name, erased_one.removed)
 
-    async def _acknowledge(
+    async def _back_off(self, attempt: int, tombstones: Sequence[Tombstone], why: str) -> None:
+        delay = min(self._max_backoff, 0.2 * 2**attempt)
+        log.warning(
+            "%s: %d tombstones failed (%s), first %s; retry in %.1fs",
+            self.store.name,
+            len(tombstones),
+            why,
+            tombstones[0].deletion_id,
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    def _ack(
         self,
         tombstone: Tombstone,
         status: AckStatus,
         removed: int,
         attempt: int,
         error: str | None,
-    ) -> None:
+    ) -> OutboxMessage:
         ack = Acknowledgement(
             deletion_id=tombstone.deletion_id,
             tenant_id=tombstone.tenant_id,
@@ -121,13 +201,13 @@ class TombstoneHandler:
             attempt=attempt,
         )
         key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
-        # Published and flushed before the tombstone's offset moves: an ack is never lost.
+        return OutboxMessage(self._acks_topic, key, encode(ack))
+
+    async def _acknowledge(self, acks: list[OutboxMessage]) -> None:
+        # Published and flushed before the tombstones' offsets move: an ack is never lost.
         # A failed publish is retried here, not left to escape: the store has removed the
         # items already, and an escape would redo the erasure of the whole batch.
-        await self._publish(
-            f"{self.store.name}: {status} ack of {tombstone.deletion_id}",
-            [OutboxMessage(self._acks_topic, key, encode(ack))],
-        )
+        await self._publish(f"{self.store.name}: {len(acks)} acks", acks)
 
     async def _publish(self, what: str, messages: list[OutboxMessage]) -> None:
         if messages:

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from projections.cache.store import (
     UNREADABLE,
+    Holdings,
     RedisCache,
     TenantKeys,
     build_key,
@@ -316,5 +317,39 @@ def test_invalidate_of_unknown_ids_deletes_nothing(namespace: str) -> None:
         assert len(await cache.entries("acme")) == 2
         with pytest.raises(TypeError):
             await cache.invalidate("acme", conversation_ids="conv_1")
+
+    run(namespace, scenario)
+
+
+def test_a_batch_of_invalidations_is_counted_and_checked_per_erasure(namespace: str) -> None:
+    acme, beta = TenantKeys(namespace, "acme"), TenantKeys(namespace, "beta")
+    erasures = [
+        ("acme", Holdings.targets(ALICE, [], [])),
+        # Alice's entry holds it too, but the erasure before removed it: it counts once.
+        ("acme", Holdings.targets(None, [], ["m_shared"])),
+        ("beta", Holdings.targets(None, ["conv_9"], [])),
+        ("beta", Holdings.targets(CAROL, [], [])),
+    ]
+
+    async def scenario(cache: RedisCache, client: Redis) -> None:
+        await cache.put_recall("acme", ALICE, "q_all", [memory("m_shared"), memory("m_tea")])
+        await cache.put_recall("acme", BOB, "q_all", [memory("m_shared")])
+        await cache.put_recall("acme", CAROL, "q_all", [memory("m_carol")])
+        await cache.put_recall("beta", ALICE, "q_all", [memory("m_shared")])
+        await cache.put_context("beta", "conv_9", BOB, {"items": []})
+        assert await cache.reachable_each(erasures) == [
+            [acme.recall(ALICE, "q_all")],
+            sorted([acme.recall(ALICE, "q_all"), acme.recall(BOB, "q_all")]),
+            [beta.context("conv_9")],
+            [],
+        ]
+
+        assert await cache.invalidate_each(erasures) == [1, 1, 1, 0]
+
+        assert await cache.reachable_each(erasures) == [[], [], [], []]
+        assert await cache.get_recall("acme", CAROL, "q_all") == [memory("m_carol")]
+        assert await cache.get_recall("beta", ALICE, "q_all") == [memory("m_shared")]
+        assert not await client.exists(acme.memory_index("m_shared"))
+        assert await cache.invalidate_each([]) == [] and await cache.reachable_each([]) == []
 
     run(namespace, scenario)

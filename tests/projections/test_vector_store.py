@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from projections.deletion.derived import match_of
 from projections.embeddings.lance import (
     LanceShadows,
     LanceVectorStore,
     replay_table_name,
     sql_string,
 )
-from projections.embeddings.vectors import Match, memory_entry_id, message_entry_id
+from projections.embeddings.vectors import Match, VectorEntry, memory_entry_id, message_entry_id
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
 from projections.stores.base import Erased
@@ -395,3 +396,78 @@ def test_an_erasure_reaches_a_rebuild_table_left_behind_and_old_ones_are_dropped
     assert asyncio.run(embeddings.expire_copies(created + timedelta(days=6), grace)) == []
     assert asyncio.run(embeddings.expire_copies(created + grace, grace)) == [left_behind_name]
     assert shadows.tables() == {} and live.entries("acme") == [bob]
+
+
+# -- a batch of erasures -------------------------------------------------------------------
+
+
+class CountingPurges(LanceVectorStore):
+    purges = 0
+
+    def purge_history(self) -> None:
+        self.purges += 1
+        super().purge_history()
+
+
+def subject_erasure(deletion_id: str, tenant_id: str, subject_id: str, memories: int) -> Tombstone:
+    items = [TombstoneItem(type="memory", id=f"{subject_id}-{n}") for n in range(memories)]
+    target = DeletionTarget(type="subject", subject_type="user", id=subject_id)
+    return tombstone(tenant_id, ("memory", "-"), items).model_copy(
+        update={"deletion_id": deletion_id, "target": target}
+    )
+
+
+def test_a_batch_of_erasures_is_removed_with_one_purge_and_verified_each(tmp_path: Path) -> None:
+    store = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim)
+
+    def about(subject_id: str, memories: int, tenant_id: str = "acme") -> list[VectorEntry]:
+        subject = ("user", subject_id)
+        return [
+            memory(f"{subject_id}-{n}", f"{subject_id} fact {n}", tenant_id, subject)
+            for n in range(memories)
+        ]
+
+    kept = about("dave", 1)
+    # After the erasure's cut-off and not among its items: the subject's new data stays.
+    later = memory("alice-new", "alice, later", "acme", ("user", "alice"), version=120)
+    # One upsert each: the table has old versions to purge.
+    for entries in (about("alice", 3), about("bob", 2), about("carol", 1, "beta"), kept, [later]):
+        store.upsert(entries)
+    batch = [
+        subject_erasure("del-alice", "acme", "alice", 3),
+        subject_erasure("del-bob", "acme", "bob", 2),
+        subject_erasure("del-carol", "beta", "carol", 1),
+        # Redelivered, or a revocation of what the first erases: removed by the first.
+        tombstone("acme", ("memory", "alice-0"), [TombstoneItem(type="memory", id="alice-0")]),
+    ]
+    embeddings = EmbeddingsStore(store, asyncio.Lock(), ProbeSealer(new_data_key()))
+
+    erased = asyncio.run(embeddings.erase_many(batch))
+
+    assert erased == [Erased(3, []), Erased(2, []), Erased(1, []), Erased(0, [])]
+    assert store.purges == 1 and store.history_versions() == 0
+    assert store.entries("acme") == sorted([*kept, later], key=lambda entry: entry.id)
+    assert store.entries("beta") == []
+    for erasure in batch:
+        assert store.history_find(match_of(erasure)) == []
+    assert asyncio.run(embeddings.erase_many([])) == [] and store.purges == 1
+
+
+def test_a_batch_erasure_reports_what_is_left_per_tombstone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is per tombstone: an old version the purge left is on each of them."""
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    store.upsert([memory("alice-0", "alice's fact", "acme", ("user", "alice"))])
+    store.upsert([memory("bob-0", "bob's fact", "acme", ("user", "bob"))])
+    monkeypatch.setattr(store, "purge_history", lambda: None)  # a purge that did nothing
+    embeddings = EmbeddingsStore(store, asyncio.Lock(), ProbeSealer(new_data_key()))
+    batch = [
+        subject_erasure("del-alice", "acme", "alice", 1),
+        subject_erasure("del-bob", "acme", "bob", 1),
+    ]
+
+    erased = asyncio.run(embeddings.erase_many(batch))
+
+    assert [e.removed for e in erased] == [1, 1]
+    assert all(e.reachable and e.reachable[-1].endswith("old table versions") for e in erased)
