@@ -163,7 +163,9 @@ class Settings(BaseSettings):
         3600.0, description="a deletion's deadline when the request names none (its SLO)"
     )
     deletion_redelivery_seconds: float = Field(
-        30.0, description="an overdue tombstone is redelivered to its store this often"
+        30.0,
+        description="an overdue tombstone is redelivered to its store this often (the first"
+        " time no sooner than this after it was published)",
     )
     deletion_check_interval_seconds: float = Field(
         1.0, description="how often the deletion worker checks deadlines and verifications"

@@ -109,13 +109,19 @@ async def tombstone_of(conn: Conn, tenant_id: str, deletion_id: str) -> Tombston
 async def overdue(
     conn: Conn, now: datetime, redelivery_interval: timedelta
 ) -> list[tuple[str, str, str]]:
-    """(tenant, deletion_id, store) not acknowledged by their deadline, and not redelivered
-    within the last interval. Locks the rows for the caller's transaction."""
+    """(tenant, deletion_id, store) not acknowledged by their deadline, and neither published
+    nor redelivered within the last interval. Locks the rows for the caller's transaction.
+
+    A tombstone is never redelivered sooner than one interval after the ledger recorded it:
+    a request whose deadline had passed before it arrived (a backlog, an old revocation)
+    would otherwise be sent twice at once, and under load every store would do each of
+    those erasures twice."""
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, store FROM deletion_store_acks"
-        " WHERE status <> 'done' AND deadline_at < %s"
-        " AND (last_redelivered_at IS NULL OR last_redelivered_at < %s)"
-        " ORDER BY deadline_at FOR UPDATE SKIP LOCKED",
+        "SELECT a.tenant_id, a.deletion_id, a.store FROM deletion_store_acks a"
+        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE a.status <> 'done' AND a.deadline_at < %s"
+        " AND coalesce(a.last_redelivered_at, r.recorded_at) < %s"
+        " ORDER BY a.deadline_at FOR UPDATE OF a SKIP LOCKED",
         (now, now - redelivery_interval),
     )
     return [(row[0], row[1], row[2]) for row in await cursor.fetchall()]
