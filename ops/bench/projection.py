@@ -204,6 +204,12 @@ def main() -> None:
     )
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
     parser.add_argument("--no-freshness", action="store_true", help="skip freshness")
+    parser.add_argument(
+        "--no-every-worker",
+        action="store_true",
+        help="skip the freshness with every worker running (freshness with the pipeline alone"
+        " stays)",
+    )
     parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the scale-out")
     parser.add_argument("--load-seconds", type=float, default=20.0, help="freshness, erasure")
@@ -258,7 +264,7 @@ def main() -> None:
             parts["freshness"] = freshness_alone(
                 fresh.settings, RESULTS / f"worker-{run}-fresh", args, half_rate, peak_rss
             )
-        if not (args.no_freshness and args.no_erasure):
+        if not ((args.no_freshness or args.no_every_worker) and args.no_erasure):
             parts.update(
                 under_load(load.settings, RESULTS / f"worker-{run}-load", args, half_rate, peak_rss)
             )
@@ -369,7 +375,7 @@ def under_load(
     with Workers(settings, log_path, kinds, peak_rss) as workers:
         workers.warm_up(messages)
         produced = 1
-        if not args.no_freshness:
+        if not (args.no_freshness or args.no_every_worker):
             freshness, produced_now = measure_freshness(
                 settings, messages[1:], versions_made(stream[1:]), rate, args.load_seconds
             )
