@@ -1,7 +1,8 @@
 """Memory projection apply rate, beside its baselines, and every target of issue 17, in one run.
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
-        [--no-backlog] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
+        [--no-backlog] [--no-rebuild] [--no-freshness] [--no-every-worker] [--no-erasure]
+        [--no-scale-out] [--load-seconds 20] [--load-rate EVENTS_PER_S]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
@@ -22,9 +23,9 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
   input topic, without the producer beside it);
 - rebuild from earliest: ``memproj replay memory`` of the live apply's sealed log into a
   shadow schema (the same runner, reducer and guard, read with a plain consumer);
-- freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
-  rate, in an environment running the pipeline, the deletion worker, the four store workers
-  and the monitor;
+- freshness (freshness.py) with the pipeline alone, then freshness and erasure under load
+  (erasure_load.py) in an environment running the pipeline, the deletion worker, the four
+  store workers and the monitor, each at half the live apply rate (or ``--load-rate``);
 - scale-out (scale_out.py): memory workers join and leave during an apply of the same stream;
   its checksum against the live apply's, and the rebalance pauses;
 - every worker's peak RSS through all of it (rss.py).
@@ -213,6 +214,14 @@ def main() -> None:
     parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the scale-out")
     parser.add_argument("--load-seconds", type=float, default=20.0, help="freshness, erasure")
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        default=0.0,
+        help="events/s of freshness and erasure under load (default: half the live apply rate"
+        " this run measured; a fixed rate compares runs whose live apply the machine's load"
+        " moved)",
+    )
     parser.add_argument("--erasures", type=int, default=20, help="erasures under load (≤ 25)")
     args = parser.parse_args()
 
@@ -259,7 +268,7 @@ def main() -> None:
             rebuild = asyncio.run(
                 replay_projection(live.settings, memory_projection(live.settings), swap="never")
             )
-        half_rate = apply_rate / 2
+        half_rate = args.load_rate or apply_rate / 2
         if not args.no_freshness:
             parts["freshness"] = freshness_alone(
                 fresh.settings, RESULTS / f"worker-{run}-fresh", args, half_rate, peak_rss
