@@ -197,7 +197,6 @@ class BatchLoop:
         ended = False
 
         async def apply_in_order() -> None:
-            nonlocal ended
             try:
                 while not self._draining:
                     async with changed:
