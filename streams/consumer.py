@@ -64,6 +64,7 @@ class GroupConsumerSettings:
 def group_consumer_overrides(settings: GroupConsumerSettings) -> dict[str, object]:
     """The librdkafka settings of a worker's group consumer, on top of ``consumer_config``."""
     session_ms = int(settings.session_timeout_seconds * 1000)
+    gather_ms = max(1, round(settings.limits.max_wait_seconds * 1000))
     return {
         "group.id": settings.group_id,
         # Offsets are committed after the loop acknowledges a batch, never on a timer.
@@ -76,6 +77,14 @@ def group_consumer_overrides(settings: GroupConsumerSettings) -> dict[str, objec
         # The prefetch queue, bounded in events and in bytes (issue 14).
         "queued.min.messages": settings.limits.max_events,
         "queued.max.messages.kbytes": max(1, settings.limits.max_bytes // 1024),
+        # Freshness (ops/decisions/freshness.md): a message waits for its batch at most the
+        # batch's gathering time, and librdkafka's own waits are kept under it. A partition
+        # whose prefetch queue reached the bounds above is fetched again only after
+        # fetch.queue.backoff.ms (1 s by default: a full second of staleness after a burst),
+        # and a partition that becomes fetchable waits for the fetch in flight, which the
+        # broker holds up to fetch.wait.max.ms (500 ms) when it has nothing new.
+        "fetch.queue.backoff.ms": gather_ms,
+        "fetch.wait.max.ms": gather_ms,
     }
 
 

@@ -13,7 +13,12 @@ isolation, retries and acknowledgement stay the same. For each batch the loop:
    any one message): the batch is not acknowledged, so nothing is lost, and the exit is
    visible to whatever supervises the process.
 
-A writer task applies batch N while the source gathers batch N + 1.
+A writer task applies batch N while the source gathers the next ones. The batches the source
+hands over while the writer is busy wait together, and the writer applies them as one (up to
+``max_events`` and ``max_bytes``), then acknowledges each in order: a short gathering wait
+(``max_wait_seconds``) keeps an event's latency low when the writer keeps up, and a busy
+writer's next transaction holds whatever arrived meanwhile instead of a queue of small ones,
+each paying a transaction's fixed cost (ops/decisions/freshness.md).
 
 At shutdown (``drain``) the loop takes no new batch: the batch being applied finishes
 (committed, published, acknowledged) or, past the deadline, is cancelled, which rolls its
@@ -25,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -99,6 +104,42 @@ def split_by_bytes(
         yield messages[start:]
 
 
+@dataclass(slots=True)
+class Waiting:
+    """The batches handed over and not yet taken by the writer, applied together once it
+    takes them: at most ``max_events`` and ``max_bytes`` in all (a batch alone may exceed
+    them: the source bounds its own batches)."""
+
+    limits: BatchLimits
+    batches: list[Batch] = field(default_factory=list)
+    events: int = 0
+    size: int = 0
+
+    def fits(self, batch: Batch) -> bool:
+        if not self.batches:
+            return True
+        return (
+            self.events + len(batch.messages) <= self.limits.max_events
+            and self.size + sum(message_bytes(m) for m in batch.messages) <= self.limits.max_bytes
+        )
+
+    def add(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        self.events += len(batch.messages)
+        self.size += sum(message_bytes(m) for m in batch.messages)
+
+    def take(self) -> list[Batch]:
+        taken, self.batches, self.events, self.size = self.batches, [], 0, 0
+        return taken
+
+
+def merged(batches: Sequence[Batch]) -> Batch:
+    """Consecutive batches of one source as one, in order (the tokens are theirs)."""
+    if len(batches) == 1:
+        return batches[0]
+    return Batch([m for batch in batches for m in batch.messages])
+
+
 class StopOnce:
     """Stops the worker once, with the first failure: every agent of a worker shares one."""
 
@@ -150,15 +191,24 @@ class BatchLoop:
     async def run(self, source: BatchSource) -> None:
         """Apply every batch of ``source`` until it ends (a consumer's never does: the
         worker's stop cancels it, and what was not acknowledged is redelivered)."""
-        pending: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+        waiting = Waiting(self.limits)
+        changed = asyncio.Condition()
+        ended = False
 
         async def apply_in_order() -> None:
             try:
-                while not self._draining and (batch := await pending.get()) is not None:
-                    self._applying = True
+                while not self._draining:
+                    async with changed:
+                        await changed.wait_for(lambda: bool(waiting.batches) or ended)
+                        if self._draining or not waiting.batches:
+                            return
+                        batches = waiting.take()
+                        self._applying = True
+                        changed.notify_all()
                     try:
-                        await self.apply(batch)
-                        await source.ack(batch)
+                        await self.apply(merged(batches))
+                        for batch in batches:
+                            await source.ack(batch)
                     finally:
                         self._applying = False
             except asyncio.CancelledError:
@@ -168,14 +218,26 @@ class BatchLoop:
                 await self._stop(exc)
                 raise
 
+        async def hand_over(batch: Batch) -> None:
+            async with changed:
+                await changed.wait_for(lambda: waiting.fits(batch))
+                waiting.add(batch)
+                changed.notify_all()
+
+        async def end() -> None:
+            nonlocal ended
+            async with changed:
+                ended = True
+                changed.notify_all()
+
         writer = asyncio.create_task(apply_in_order(), name=f"{self.handler.name}-writer")
         self._writer = writer
         try:
             async for batch in source.batches():
-                if not await self._hand_over(pending, batch, writer):
+                if not await self._unless_stopped(hand_over(batch), writer):
                     break
             else:
-                await self._hand_over(pending, None, writer)
+                await self._unless_stopped(end(), writer)
                 await asyncio.wait((writer,))
         finally:
             writer.cancel()
@@ -205,11 +267,10 @@ class BatchLoop:
         return not abandoned
 
     @staticmethod
-    async def _hand_over(
-        pending: asyncio.Queue[Batch | None], batch: Batch | None, writer: asyncio.Task[None]
-    ) -> bool:
-        """Queue ``batch`` for the writer; False if the writer stopped (it takes no more)."""
-        put = asyncio.ensure_future(pending.put(batch))
+    async def _unless_stopped(handing_over: Awaitable[None], writer: asyncio.Task[None]) -> bool:
+        """Hand a batch (or the end) to the writer; False if the writer stopped (it takes no
+        more)."""
+        put = asyncio.ensure_future(handing_over)
         await asyncio.wait((put, writer), return_when=asyncio.FIRST_COMPLETED)
         if writer.done():
             put.cancel()

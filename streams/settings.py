@@ -6,6 +6,7 @@ time. The defaults match the local stack started by ``ops/stack up``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -20,6 +21,10 @@ from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings
 from topics.registry import TopicNames
+
+# The workers whose commit makes an event visible to the reads (recall, context): their
+# batches wait less (ops/decisions/freshness.md).
+PROJECTION_KINDS = frozenset({"memory", "conversation"})
 
 # -- secrets (issue 16) ---------------------------------------------------------------------
 
@@ -133,7 +138,17 @@ class Settings(BaseSettings):
     )
     batch_max_events: int = Field(2000, description="most events applied in one transaction")
     batch_max_wait_seconds: float = Field(
-        0.25, description="longest a partial batch waits before it is applied"
+        0.25,
+        description="longest a partial batch of the derived-store and deletion workers waits "
+        "before it is applied (the memory and conversation workers: "
+        "MEMPROJ_PROJECTION_BATCH_MAX_WAIT_SECONDS)",
+    )
+    projection_batch_max_wait_seconds: float = Field(
+        0.05,
+        description="longest a partial batch of the memory and conversation workers waits "
+        "before it is applied: part of how soon recall and context see an event; batches that "
+        "arrive while one is applied are applied together, so a busy worker's transactions "
+        "grow with its load whatever this is",
     )
     batch_max_bytes: int = Field(
         32 * 1024 * 1024,
@@ -380,9 +395,14 @@ class Settings(BaseSettings):
 
     def group_consumer(self, worker: str) -> GroupConsumerSettings:
         """The consumer group settings of a worker kind's batch consumer."""
+        limits = self.batch_limits
+        if worker in PROJECTION_KINDS:
+            limits = dataclasses.replace(
+                limits, max_wait_seconds=self.projection_batch_max_wait_seconds
+            )
         return GroupConsumerSettings(
             self.group_id(worker),
-            self.batch_limits,
+            limits,
             self.kafka_session_timeout_seconds,
             self.rebalance_drain_seconds,
         )

@@ -1,8 +1,8 @@
 """Memory projection apply rate, beside its baselines, and every target of issue 17, in one run.
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
-        [--no-backlog] [--no-rebuild] [--no-freshness] [--no-erasure] [--no-scale-out]
-        [--load-seconds 20] [--load-rate EVENTS_PER_S]
+        [--no-backlog] [--no-rebuild] [--no-freshness] [--no-every-worker] [--no-erasure]
+        [--no-scale-out] [--load-seconds 20] [--load-rate EVENTS_PER_S]
 
 For the same sample stream in the same Kafka and PostgreSQL it measures:
 
@@ -24,10 +24,10 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
 - rebuild from earliest: ``memproj replay memory --readers <workers>`` of the live apply's
   sealed log into a shadow schema (the same codec, reducer and erasure guard, in large chunks
   held in memory, one reader process per live worker process: ops/decisions/rebuild.md);
-- freshness (freshness.py) and erasure under load (erasure_load.py), at half the live apply
-  rate (or ``--load-rate``: on a shared machine the apply rate, and so the load, moves from
-  run to run), in an environment running the pipeline, the deletion worker, the four store
-  workers and the monitor;
+- freshness (freshness.py) with the pipeline alone, then freshness and erasure under load
+  (erasure_load.py) in an environment running the pipeline, the deletion worker, the four
+  store workers and the monitor, each at half the live apply rate (or ``--load-rate``: on a
+  shared machine the apply rate, and so the load, moves from run to run);
 - scale-out (scale_out.py): memory workers join and leave during an apply of the same stream;
   its checksum against the live apply's, and the rebalance pauses;
 - every worker's peak RSS through all of it (rss.py).
@@ -207,6 +207,12 @@ def main() -> None:
     )
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
     parser.add_argument("--no-freshness", action="store_true", help="skip freshness")
+    parser.add_argument(
+        "--no-every-worker",
+        action="store_true",
+        help="skip the freshness with every worker running (freshness with the pipeline alone"
+        " stays)",
+    )
     parser.add_argument("--no-erasure", action="store_true", help="skip erasure under load")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the scale-out")
     parser.add_argument("--load-seconds", type=float, default=20.0, help="freshness, erasure")
@@ -274,7 +280,7 @@ def main() -> None:
             parts["freshness"] = freshness_alone(
                 fresh.settings, RESULTS / f"worker-{run}-fresh", args, load_rate, peak_rss
             )
-        if not (args.no_freshness and args.no_erasure):
+        if not ((args.no_freshness or args.no_every_worker) and args.no_erasure):
             parts.update(
                 under_load(load.settings, RESULTS / f"worker-{run}-load", args, load_rate, peak_rss)
             )
@@ -385,7 +391,7 @@ def under_load(
     with Workers(settings, log_path, kinds, peak_rss) as workers:
         workers.warm_up(messages)
         produced = 1
-        if not args.no_freshness:
+        if not (args.no_freshness or args.no_every_worker):
             freshness, produced_now = measure_freshness(
                 settings, messages[1:], versions_made(stream[1:]), rate, args.load_seconds
             )

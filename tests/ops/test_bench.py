@@ -1,5 +1,6 @@
 """The benchmark's own arithmetic (ops/bench): percentiles, pauses, the versions freshness
-waits for, peak RSS and the discovery of the stack's processes. No services needed."""
+waits for, peak RSS and the discovery of the stack's processes. No services needed, except
+by the paced producer's test (integration)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from streams.progress import end_offsets
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
 from streams.worker import WORKER_KINDS
+from topics.registry import MEMORY_EVENTS
 
 # The benchmark's modules import each other as scripts do, from their own directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops" / "bench"))
@@ -93,3 +99,17 @@ def test_the_benchmark_starts_only_real_worker_kinds() -> None:
     assert pipeline.pipeline_kinds(2) == ["memory", "memory"]
     started = {*pipeline.pipeline_kinds(1), *erasure_load.STORE_WORKERS, "monitor"}
     assert started <= set(WORKER_KINDS)
+
+
+@pytest.mark.integration
+def test_the_paced_producer_is_connected_before_its_pace_starts(env: Any) -> None:
+    messages = [(f"k{n}".encode(), b"v") for n in range(3)]
+    producer = environment.PacedProducer(env.settings, messages, rate=1e-6)  # one per ~11 days
+    producer.start()
+    # The warm-up is delivered when start returns: no sampled message waits for the client's
+    # connection and producer id (freshness skips the warm-up's indexes).
+    assert producer.sent == environment.PacedProducer.WARM_UP == 1
+    delivered = end_offsets(env.settings.kafka_bootstrap, env.topic(MEMORY_EVENTS))
+    assert sum(delivered.values()) == 1
+    producer.stop()
+    assert producer.sent == 1

@@ -112,12 +112,27 @@ def test_the_group_consumer_commits_itself_cooperatively_bounded_and_read_commit
     assert (config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (9000, 3000)
 
 
+def test_librdkafka_never_holds_a_message_longer_than_a_batch_gathers() -> None:
+    limits = BatchLimits(max_events=500, max_wait_seconds=0.05, max_bytes=4 * 1024 * 1024)
+    overrides = group_consumer_overrides(GroupConsumerSettings("g", limits))
+    # librdkafka's defaults: 1 s after the prefetch queue filled, 500 ms of an idle fetch.
+    assert overrides["fetch.queue.backoff.ms"] == overrides["fetch.wait.max.ms"] == 50
+
+
 def test_the_settings_give_each_kind_its_group_consumer() -> None:
     settings = Settings(group_prefix="p", batch_max_events=123, rebalance_drain_seconds=2.5)
     consumer = settings.group_consumer("memory")
     assert consumer.group_id == settings.group_id("memory") == "p-memory"
     assert consumer.limits.max_events == 123
     assert consumer.rebalance_drain_seconds == 2.5
+
+
+def test_the_workers_recall_and_context_read_gather_their_batches_for_less_long() -> None:
+    settings = Settings(batch_max_wait_seconds=0.25, projection_batch_max_wait_seconds=0.04)
+    assert settings.group_consumer("memory").limits.max_wait_seconds == 0.04
+    assert settings.group_consumer("conversation").limits.max_wait_seconds == 0.04
+    assert settings.group_consumer("cache").limits.max_wait_seconds == 0.25
+    assert settings.group_consumer("memory").limits.max_events == settings.batch_max_events
 
 
 # -- against the real broker -----------------------------------------------------------------
