@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import TypeVar
 
 from projections.bookkeeping import Conn
@@ -37,6 +38,10 @@ class EmbeddingsStore(DerivedStore):
 
     ``writes`` is the lock the worker's index updates take too: between removing, purging
     the history and checking, no other write adds a table version.
+
+    ``vectors`` and ``shadows`` may be given as how to open them: they are then opened on
+    first use. LanceDB and pyarrow are some 100 MB of a process, which the ledger and the
+    monitor need only once an erasure is verified or audited.
     """
 
     name = "embeddings"
@@ -45,21 +50,34 @@ class EmbeddingsStore(DerivedStore):
 
     def __init__(
         self,
-        vectors: VectorStore,
+        vectors: VectorStore | Callable[[], VectorStore],
         writes: asyncio.Lock,
         probes: ProbeSealer,
-        shadows: VectorShadows | None = None,
+        shadows: VectorShadows | Callable[[], VectorShadows] | None = None,
     ) -> None:
-        self._vectors = vectors
+        self._open_vectors = vectors
         self._writes = writes
         self._probes = probes
-        self._shadows = shadows
+        self._open_shadows = shadows
 
     @classmethod
     def open(cls, resources: StoreResources) -> EmbeddingsStore:
         return cls(
-            resources.vectors, resources.vector_writes, resources.probes, resources.vector_shadows
+            lambda: resources.vectors,
+            resources.vector_writes,
+            resources.probes,
+            lambda: resources.vector_shadows,
         )
+
+    @cached_property
+    def _vectors(self) -> VectorStore:
+        opened = self._open_vectors
+        return opened() if callable(opened) else opened
+
+    @cached_property
+    def _shadows(self) -> VectorShadows | None:
+        opened = self._open_shadows
+        return opened() if callable(opened) else opened
 
     def _tables(self) -> list[tuple[str, VectorStore]]:
         """The live table, then every rebuild table beside it (a rebuild that was killed
@@ -116,6 +134,8 @@ class EmbeddingsStore(DerivedStore):
         return sorted(found)
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
+        if not covered:
+            return []  # nothing was erased: no entry can be a ghost (the store stays unopened)
         found: set[str] = set()
         for label, vectors in await asyncio.to_thread(self._tables):
             found |= {f"{label}{entry_id}" for entry_id in await _ghosts(vectors, covered)}

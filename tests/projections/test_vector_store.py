@@ -516,3 +516,27 @@ def test_an_erasure_reaches_a_rebuild_table_left_behind_and_old_ones_are_dropped
     assert asyncio.run(embeddings.expire_copies(created + timedelta(days=6), grace)) == []
     assert asyncio.run(embeddings.expire_copies(created + grace, grace)) == [left_behind_name]
     assert shadows.tables() == {} and live.entries("acme") == [bob]
+
+
+def test_the_store_is_opened_on_first_use_and_not_by_an_audit_of_no_erasure(
+    tmp_path: Path,
+) -> None:
+    opened: list[str] = []
+
+    def vectors() -> LanceVectorStore:
+        opened.append("vectors")
+        return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+
+    def shadows() -> LanceShadows:
+        opened.append("shadows")
+        return LanceShadows(tmp_path / "vectors", EMBEDDER.dim)
+
+    embeddings = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()), shadows)
+    assert asyncio.run(embeddings.ghosts(None, {})) == []  # type: ignore[arg-type]
+    assert opened == []
+
+    covered = {"acme": ErasureIndex({subject_key("acme", "user", "u1"): Erasure("d1", T0)})}
+    assert asyncio.run(embeddings.ghosts(None, covered)) == []  # type: ignore[arg-type]
+    assert sorted(opened) == ["shadows", "vectors"]
+    asyncio.run(embeddings.ghosts(None, covered))  # type: ignore[arg-type]
+    assert len(opened) == 2
