@@ -111,8 +111,21 @@ def status() -> dict[str, float]:
     return found
 
 
-def run_kind(kind: str, path: Path) -> dict[str, Any]:
-    """One worker kind's part, in this process (``--run``)."""
+def erase_subjects(path: Path) -> None:
+    """The erased subjects' entries removed and the history purged, as the embeddings worker
+    leaves the store before the verification probe runs."""
+    from projections.embeddings.lance import LanceVectorStore
+    from projections.embeddings.vectors import Match
+
+    store = LanceVectorStore(path, DIM)
+    for tenant, subject_id in erased_subjects():
+        store.remove(Match(tenant, subject=("user", subject_id)))
+    store.purge_history()
+
+
+def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, Any]:
+    """One worker kind's part, in this process (``--run``); the erased subjects are read from
+    ``original`` (the store before ``erase_subjects``) if given."""
     import asyncio
     import time
 
@@ -130,7 +143,6 @@ def run_kind(kind: str, path: Path) -> dict[str, Any]:
     from projections.deletion.erasure import memory_key as memory
     from projections.deletion.erasure import subject_key as subject
     from projections.embeddings.lance import LanceVectorStore
-    from projections.embeddings.vectors import Match
     from projections.sealing.crypto import new_data_key
     from projections.sealing.probes import ProbeSealer
     from projections.stores.embeddings import EmbeddingsStore
@@ -142,12 +154,14 @@ def run_kind(kind: str, path: Path) -> dict[str, Any]:
     opened = status()
     cut_off = datetime(2027, 1, 1, tzinfo=UTC)
 
+    before = vectors.table if original is None else LanceVectorStore(original, DIM).table
+
     def erased(tenant: str, subject_id: str) -> Target:
         """What the subject has in the store, read compactly: the scenario's own bookkeeping
         must not be what is measured."""
         where = f"tenant_id = '{tenant}' AND subject_id = '{subject_id}'"
         columns = ["id", "kind", "memory_id", "message_id", "conversation_id", "vector"]
-        rows = vectors.table.search().where(where).select(columns).limit(None).to_arrow()
+        rows = before.search().where(where).select(columns).limit(None).to_arrow()
         found = rows.drop_columns(["vector"]).to_pylist()
         probes = rows.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, DIM)
         return Target(found, probes.copy())
@@ -193,9 +207,6 @@ def run_kind(kind: str, path: Path) -> dict[str, Any]:
         ghosts = asyncio.run(store.ghosts(None, covered))  # type: ignore[arg-type]
         result: dict[str, Any] = {"ghosts": len(ghosts)}
     elif kind == "deletion":
-        for (tenant, subject_id), _ in targets.items():
-            vectors.remove(Match(tenant, subject=("user", subject_id)))
-        vectors.purge_history()
         probes = {t.deletion_id: targets[(t.tenant_id, t.target.id)] for t in tombstones}
 
         async def load_probes(conn: Any, tenant: str, deletion: str, _: Any) -> list[Any]:
@@ -237,12 +248,15 @@ def run_kind(kind: str, path: Path) -> dict[str, Any]:
 
 
 def measure(tree: Path, kind: str, store: Path, scratch: Path) -> dict[str, Any]:
+    """``kind`` in a process of its own on a copy of the store (of the erased one for the
+    verification probe, which runs once the store erased)."""
     copy = scratch / f"{kind}-{tree.name}"
-    shutil.copytree(store, copy)
+    shutil.copytree(scratch / "erased" if kind == "deletion" else store, copy)
+    command = [sys.executable, __file__, "--run", kind, "--store", str(copy), "--tree", str(tree)]
     try:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         out = subprocess.run(
-            [sys.executable, __file__, "--run", kind, "--store", str(copy), "--tree", str(tree)],
+            [*command, "--original", str(store)],
             env=env,
             check=True,
             capture_output=True,
@@ -261,15 +275,18 @@ def main() -> None:
     parser.add_argument("--run", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--original", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         sys.path.insert(0, str(args.tree))
-        print(json.dumps(run_kind(args.run, args.store)))
+        print(json.dumps(run_kind(args.run, args.store, args.original)))
         return
     trees = [REPO] + ([args.baseline.resolve()] if args.baseline else [])
     with tempfile.TemporaryDirectory(prefix="memproj-store-memory-") as scratch:
         store = Path(scratch) / "store"
         build(store, args.vectors)
+        shutil.copytree(store, Path(scratch) / "erased")
+        erase_subjects(Path(scratch) / "erased")
         results = {
             kind: {str(tree): measure(tree, kind, store, Path(scratch)) for tree in trees}
             for kind in args.kinds

@@ -23,7 +23,7 @@ import pyarrow as pa
 from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
-from projections.embeddings.vectors import KINDS, EntryRef, Match, VectorEntry, VectorHit
+from projections.embeddings.vectors import KINDS, EntryRef, Match, RefHit, VectorEntry, VectorHit
 
 # -- filters -------------------------------------------------------------------------------
 
@@ -237,12 +237,12 @@ class LanceVectorStore:
 
     def nearest(
         self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int
-    ) -> list[list[VectorHit]]:
+    ) -> list[list[RefHit]]:
         """One streamed pass over the tenant's ids and vectors, whatever the number of query
         vectors: LanceDB's own search reads every vector of the table per query (a flat
         search filters after reading), and its read-ahead holds a hundred MB and more of a
         large table at once. Here a batch of ``SCAN_BATCH_ROWS`` at a time is ranked against
-        every query vector; the winners are then read whole by id."""
+        every query vector; the winners are then read by id, without text or vector."""
         for vector in vectors:
             if len(vector) != self.dim:
                 raise ValueError(f"the query vector has {len(vector)} dimensions, not {self.dim}")
@@ -264,14 +264,11 @@ class LanceVectorStore:
             return ranking.best
 
         best = self._run(rank)
-        found = {entry.id: entry for entry in self.get(tenant_id, [i for b in best for _, i in b])}
+        winners = Match(tenant_id, entry_ids=tuple({i for hits in best for _, i in hits}))
+        found = {ref.id: ref for refs in self.find_refs(winners, SCAN_BATCH_ROWS) for ref in refs}
         # An entry removed between the ranking and the read is left out: it is gone.
         return [
-            [
-                VectorHit(found[entry_id], distance)
-                for distance, entry_id in hits
-                if entry_id in found
-            ]
+            [RefHit(found[entry_id], distance) for distance, entry_id in hits if entry_id in found]
             for hits in best
         ]
 

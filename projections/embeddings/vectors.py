@@ -77,6 +77,14 @@ class VectorHit:
 
 
 @dataclass(frozen=True, slots=True)
+class RefHit:
+    """A hit of ``nearest``: the entry without its text and vector."""
+
+    entry: EntryRef
+    distance: float  # cosine distance, as VectorHit's
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     """Entries of one tenant that belong to a subject, to conversations, to memories, or that
     have one of the given ids.
@@ -146,10 +154,10 @@ class VectorStore(Protocol):
 
     def nearest(
         self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int
-    ) -> list[list[VectorHit]]:
+    ) -> list[list[RefHit]]:
         """For each of ``vectors``, the ``limit`` entries of the tenant nearest to it, nearest
-        first (ties by id): ``search`` of many query vectors in one pass over the tenant's
-        entries (the verification probe asks one per erased item)."""
+        first (ties by id), without text or vector: ``search`` of many query vectors in one
+        pass over the tenant's entries (the verification probe asks one per erased item)."""
         ...
 
     def find_refs(self, match: Match, batch_rows: int) -> Iterator[list[EntryRef]]:

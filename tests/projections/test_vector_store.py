@@ -177,8 +177,8 @@ def test_nearest_ranks_many_query_vectors_as_search_ranks_each(store: LanceVecto
         )
         # Of entries tied at the last place, either search may keep another.
         last = alone[-1].distance - 1e-5
-        assert [h.entry for h in hits if h.distance < last] == [
-            h.entry for h in alone if h.distance < last
+        assert [h.entry.id for h in hits if h.distance < last] == [
+            h.entry.id for h in alone if h.distance < last
         ]
     assert many[0][0].entry.memory_id == "m3"
 
