@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import os
 
 # Every event allocates a few hundred short-lived objects (decoded bytes, pydantic models,
 # rows). With CPython's default threshold of 700 the collector runs every few events and
@@ -20,3 +22,25 @@ def tune_garbage_collection() -> None:
     gc.freeze()  # start-up objects live as long as the process: never scan them again
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+# glibc gives each thread that finds the others' arenas busy an arena of its own, up to 8 per
+# core, and keeps what an arena once held: LanceDB's Rust runtime scans on a pool of threads,
+# and its freed read buffers stayed resident in a dozen arenas (ops/decisions/worker-memory.md:
+# 100 flat searches of 80k vectors peaked at 480 MB with the default, 340 MB with 2).
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas, unless ``MALLOC_ARENA_MAX`` already set them (glibc reads it
+    at start: an operator's value wins). Call before the process starts its threads. Whether
+    the cap was set here; False without glibc (musl, macOS), where there is nothing to cap."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    mallopt = getattr(libc, "mallopt", None)
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, arenas))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TypeVar
 
-from projections.embeddings.vectors import Match, VectorEntry, message_entry_id
+from projections.embeddings.vectors import EntryRef, Match, VectorEntry, message_entry_id
 from topics.deletion import Tombstone
 
 
@@ -34,7 +35,11 @@ def match_of(tombstone: Tombstone) -> Match:
     )
 
 
-def erased_by(tombstone: Tombstone, found: Sequence[VectorEntry]) -> list[VectorEntry]:
+# Whole entries, or entries read without text and vector: the rule needs only their keys.
+_Entry = TypeVar("_Entry", VectorEntry, EntryRef)
+
+
+def erased_by(tombstone: Tombstone, found: Sequence[_Entry]) -> list[_Entry]:
     """Of the entries ``match_of(tombstone)`` found, those the tombstone erases: every entry
     of its items, and of its subject only what occurred up to the cut-off. The subject may
     have new data from after the erasure, which a late or redelivered tombstone must keep."""

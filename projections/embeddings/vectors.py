@@ -8,7 +8,7 @@ thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
@@ -54,9 +54,34 @@ class VectorEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class EntryRef:
+    """What names a stored entry and what an erasure covers it by: the entry without its text
+    and vector. Scans that only decide which entries an erasure covers (the ghost audit, the
+    verification probe) read these: a VectorEntry's vector alone is a few KB of Python
+    floats, and a scan of every entry a tenant's erasures match is tens of thousands."""
+
+    id: str
+    kind: EntryKind
+    tenant_id: str
+    subject_type: str
+    subject_id: str
+    memory_id: str | None
+    conversation_id: str | None
+    occurred_at: datetime  # timezone-aware, UTC
+
+
+@dataclass(frozen=True, slots=True)
 class VectorHit:
     entry: VectorEntry
     distance: float  # cosine distance: 0 is the same direction, 2 the opposite one
+
+
+@dataclass(frozen=True, slots=True)
+class RefHit:
+    """A hit of ``nearest``: the entry without its text and vector."""
+
+    entry: EntryRef
+    distance: float  # cosine distance, as VectorHit's
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +108,7 @@ class Match:
             and not self.entry_ids
         )
 
-    def matches(self, entry: VectorEntry) -> bool:
+    def matches(self, entry: VectorEntry | EntryRef) -> bool:
         if entry.tenant_id != self.tenant_id:
             return False
         return (
@@ -135,6 +160,19 @@ class VectorStore(Protocol):
     ) -> list[VectorHit]:
         """The ``limit`` entries of the tenant (and subject) nearest to ``vector``, nearest
         first. Other tenants' entries are filtered out before ranking, never after."""
+        ...
+
+    def nearest(
+        self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int
+    ) -> list[list[RefHit]]:
+        """For each of ``vectors``, the ``limit`` entries of the tenant nearest to it, nearest
+        first (ties by id), without text or vector: ``search`` of many query vectors in one
+        pass over the tenant's entries (the verification probe asks one per erased item)."""
+        ...
+
+    def find_refs(self, match: Match, batch_rows: int) -> Iterator[list[EntryRef]]:
+        """The matching entries without text or vector, in batches of at most ``batch_rows``
+        (in no particular order): a scan whose memory does not grow with what it finds."""
         ...
 
     def purge_history(self) -> None:

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import cached_property
+from typing import TypeVar
 
 from projections.bookkeeping import Conn
 from projections.deletion import store as deletion_store
 from projections.deletion.coverage import keys_of
 from projections.deletion.derived import erased_by, erased_by_each, first_claims, match_of
 from projections.deletion.erasure import ErasureIndex
-from projections.embeddings.vectors import Match, VectorEntry, VectorStore, memory_entry_id
+from projections.embeddings.vectors import (
+    EntryRef,
+    Match,
+    VectorEntry,
+    VectorStore,
+    memory_entry_id,
+)
 from projections.sealing.probes import ProbeSealer
 from projections.stores.base import DerivedStore, Erased, StoreResources, VectorShadows
 from topics.deletion import Tombstone
+
+# Entries per batch of the scans of the ghost audit and the verification probe: what they
+# hold at once, however much of a table an erasure matches.
+SCAN_BATCH_ROWS = 4096
+# How many nearest entries of each probe vector the verification probe looks at.
+PROBE_HITS = 5
+_Entry = TypeVar("_Entry", VectorEntry, EntryRef)
 
 
 class EmbeddingsStore(DerivedStore):
@@ -23,6 +38,10 @@ class EmbeddingsStore(DerivedStore):
 
     ``writes`` is the lock the worker's index updates take too: between removing, purging
     the history and checking, no other write adds a table version.
+
+    ``vectors`` and ``shadows`` may be given as how to open them: they are then opened on
+    first use. LanceDB and pyarrow are some 100 MB of a process, which the ledger and the
+    monitor need only once an erasure is verified or audited.
     """
 
     name = "embeddings"
@@ -31,21 +50,34 @@ class EmbeddingsStore(DerivedStore):
 
     def __init__(
         self,
-        vectors: VectorStore,
+        vectors: VectorStore | Callable[[], VectorStore],
         writes: asyncio.Lock,
         probes: ProbeSealer,
-        shadows: VectorShadows | None = None,
+        shadows: VectorShadows | Callable[[], VectorShadows] | None = None,
     ) -> None:
-        self._vectors = vectors
+        self._open_vectors = vectors
         self._writes = writes
         self._probes = probes
-        self._shadows = shadows
+        self._open_shadows = shadows
 
     @classmethod
     def open(cls, resources: StoreResources) -> EmbeddingsStore:
         return cls(
-            resources.vectors, resources.vector_writes, resources.probes, resources.vector_shadows
+            lambda: resources.vectors,
+            resources.vector_writes,
+            resources.probes,
+            lambda: resources.vector_shadows,
         )
+
+    @cached_property
+    def _vectors(self) -> VectorStore:
+        opened = self._open_vectors
+        return opened() if callable(opened) else opened
+
+    @cached_property
+    def _shadows(self) -> VectorShadows | None:
+        opened = self._open_shadows
+        return opened() if callable(opened) else opened
 
     def _tables(self) -> list[tuple[str, VectorStore]]:
         """The live table, then every rebuild table beside it (a rebuild that was killed
@@ -101,28 +133,26 @@ class EmbeddingsStore(DerivedStore):
         the target is a copy that survived under another id) and through old versions."""
         tenant = tombstone.tenant_id
         match = match_of(tombstone)
-        found = {
-            f"target:{e.id}"
-            for e in erased_by(tombstone, await asyncio.to_thread(self._vectors.find, match))
-        }
+        found = {f"target:{e.id}" for e in await _still_refs(self._vectors, tombstone, match)}
         memories = [memory_entry_id(tenant, m) for m in tombstone.ids("memory")]
         found |= {
             f"id:{e.id}" for e in await asyncio.to_thread(self._vectors.get, tenant, memories)
         }
         probes = await deletion_store.load_probes(conn, tenant, tombstone.deletion_id, self._probes)
-        for _, _, vector in probes:
-            for hit in await asyncio.to_thread(self._vectors.search, tenant, vector, 5):
-                if match.matches(hit.entry):
-                    found.add(f"content:{hit.entry.id}")
+        vectors = [vector for _, _, vector in probes]
+        for hits in await asyncio.to_thread(self._vectors.nearest, tenant, vectors, PROBE_HITS):
+            found |= {f"content:{hit.entry.id}" for hit in hits if match.matches(hit.entry)}
         # Old table versions: the ones an erasure left would still hold the target. Versions
         # the indexer wrote since hold only what the erasure index let through, and are clean.
         kept = await asyncio.to_thread(self._vectors.history_find, match)
         found |= {f"version {v}:{e.id}" for v, e in kept if erased_by(tombstone, [e])}
         for label, shadow in (await asyncio.to_thread(self._tables))[1:]:
-            found |= {f"{label}{e.id}" for e in await _still(shadow, tombstone, match)}
+            found |= {f"{label}{e.id}" for e in await _still_refs(shadow, tombstone, match)}
         return sorted(found)
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
+        if not covered:
+            return []  # nothing was erased: no entry can be a ghost (the store stays unopened)
         found: set[str] = set()
         for label, vectors in await asyncio.to_thread(self._tables):
             found |= {f"{label}{entry_id}" for entry_id in await _ghosts(vectors, covered)}
@@ -134,23 +164,40 @@ async def _still(vectors: VectorStore, tombstone: Tombstone, match: Match) -> li
     return erased_by(tombstone, await asyncio.to_thread(vectors.find, match))
 
 
-async def _ghosts(vectors: VectorStore, covered: Mapping[str, ErasureIndex]) -> set[str]:
-    """The ids of a table's entries that an erasure or revocation covers."""
-    found: set[str] = set()
-    for tenant, index in covered.items():
-        subjects = [(k[2], k[3]) for k in index.entries if k[1] == "subject"]
-        matches = [_match(tenant, index)] + [
-            Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
+async def _still_refs(vectors: VectorStore, tombstone: Tombstone, match: Match) -> list[EntryRef]:
+    """``_still``, read in batches without text or vector (the verification probe)."""
+
+    def scan() -> list[EntryRef]:
+        return [
+            entry
+            for batch in vectors.find_refs(match, SCAN_BATCH_ROWS)
+            for entry in erased_by(tombstone, batch)
         ]
-        for match in matches:
-            entries = await asyncio.to_thread(vectors.find, match)
-            found.update(entry.id for entry in covered_entries(entries, {tenant: index}))
-    return found
+
+    return await asyncio.to_thread(scan)
 
 
-def covered_entries(
-    entries: list[VectorEntry], covered: Mapping[str, ErasureIndex]
-) -> list[VectorEntry]:
+async def _ghosts(vectors: VectorStore, covered: Mapping[str, ErasureIndex]) -> set[str]:
+    """The ids of a table's entries that an erasure or revocation covers. Read in batches of
+    ``SCAN_BATCH_ROWS`` entries without text or vector: what the audit holds at once does
+    not grow with what the erasures match (a subject's whole history, every revoked memory)."""
+
+    def scan() -> set[str]:
+        found: set[str] = set()
+        for tenant, index in covered.items():
+            subjects = [(k[2], k[3]) for k in index.entries if k[1] == "subject"]
+            matches = [_match(tenant, index)] + [
+                Match(tenant_id=tenant, subject=subject) for subject in subjects[1:]
+            ]
+            for match in matches:
+                for batch in vectors.find_refs(match, SCAN_BATCH_ROWS):
+                    found.update(entry.id for entry in covered_entries(batch, {tenant: index}))
+        return found
+
+    return await asyncio.to_thread(scan)
+
+
+def covered_entries(entries: list[_Entry], covered: Mapping[str, ErasureIndex]) -> list[_Entry]:
     """The entries an erasure or revocation covers: ghosts, wherever they are found."""
     return [
         entry

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from projections.deletion import store as deletion_store
 from streams.progress import end_offsets
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
@@ -29,6 +31,7 @@ import freshness
 import pipeline
 import rss
 import scale_out
+import store_memory
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -113,3 +116,24 @@ def test_the_paced_producer_is_connected_before_its_pace_starts(env: Any) -> Non
     assert sum(delivered.values()) == 1
     producer.stop()
     assert producer.sent == 1
+
+
+def test_the_store_memory_scenarios_run_on_a_small_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each kind's part, in this process, on a store where every erased subject has entries:
+    the audit finds their ghosts, the verification finds nothing once they are erased."""
+    monkeypatch.setattr(deletion_store, "load_probes", deletion_store.load_probes)
+    store = tmp_path / "store"
+    store_memory.build(store, 400)
+    shutil.copytree(store, tmp_path / "erased")
+    store_memory.erase_subjects(tmp_path / "erased")
+    for kind in store_memory.KINDS:
+        copy = tmp_path / kind
+        shutil.copytree(tmp_path / "erased" if kind == "deletion" else store, copy)
+        result = store_memory.run_kind(kind, copy, store)
+        assert result["kind"] == kind and result["peak_mb"] >= result["opened_mb"] > 0
+        if kind == "monitor":
+            assert result["ghosts"] > 0
+        elif kind == "deletion":
+            assert result["probes"] > 0 and result["reachable"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterator
 from datetime import UTC, timedelta
 from pathlib import Path
 
@@ -13,15 +14,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from projections.deletion.derived import match_of
+from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
 from projections.embeddings.lance import (
     LanceShadows,
     LanceVectorStore,
     replay_table_name,
     sql_string,
 )
-from projections.embeddings.vectors import Match, VectorEntry, memory_entry_id, message_entry_id
+from projections.embeddings.vectors import (
+    EntryRef,
+    Match,
+    VectorEntry,
+    memory_entry_id,
+    message_entry_id,
+)
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
+from projections.stores import embeddings as embeddings_store
 from projections.stores.base import Erased
 from projections.stores.embeddings import EmbeddingsStore
 from support.vector_entries import EMBEDDER, T0, ids, memory, message
@@ -157,6 +166,124 @@ def test_search_checks_the_query_vector_and_limit(store: LanceVectorStore) -> No
     with pytest.raises(ValueError, match="dimensions"):
         store.search("tenant-a", [1.0, 0.0], limit=1)
     assert store.search("tenant-a", EMBEDDER.embed(["anything"])[0], limit=0) == []
+
+
+def test_nearest_ranks_many_query_vectors_as_search_ranks_each(store: LanceVectorStore) -> None:
+    texts = [f"the user mentioned topic {index} of {index % 7}" for index in range(60)]
+    store.upsert([memory(f"m{index}", text) for index, text in enumerate(texts)])
+    store.upsert([memory(f"b{index}", texts[index], tenant_id="tenant-b") for index in range(20)])
+    queries = EMBEDDER.embed([texts[3], texts[41], "nothing like the others", texts[59]])
+
+    many = store.nearest("tenant-a", queries, limit=5)
+
+    assert len(many) == len(queries)
+    for query, hits in zip(queries, many, strict=True):
+        alone = store.search("tenant-a", query, limit=5)
+        assert [hit.distance for hit in hits] == pytest.approx(
+            [hit.distance for hit in alone], abs=1e-5
+        )
+        # Of entries tied at the last place, either search may keep another.
+        last = alone[-1].distance - 1e-5
+        assert [h.entry.id for h in hits if h.distance < last] == [
+            h.entry.id for h in alone if h.distance < last
+        ]
+    assert many[0][0].entry.memory_id == "m3"
+
+
+def test_nearest_never_returns_another_tenants_entry(store: LanceVectorStore) -> None:
+    text = "the user's bank PIN hint is their first cat"
+    store.upsert([memory("m1", text), memory("m2", "the user likes jazz")])
+    store.upsert([memory(f"canary{index}", text, tenant_id="tenant-b") for index in range(20)])
+    query = EMBEDDER.embed([text])[0]
+
+    (hits,) = store.nearest("tenant-a", [query], limit=2)
+
+    assert [hit.entry.memory_id for hit in hits] == ["m1", "m2"]
+    assert store.nearest("tenant-c", [query], limit=5) == [[]]
+
+
+def test_nearest_reads_the_tenant_in_bounded_batches(
+    store: LanceVectorStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nearest entry comes in the last batch, and is still found."""
+    monkeypatch.setattr("projections.embeddings.lance.SCAN_BATCH_ROWS", 4)
+    store.upsert([memory(f"m{index:02d}", f"unrelated note {index}") for index in range(11)])
+    store.upsert([memory("target", "the user is allergic to peanuts")])
+
+    (hits,) = store.nearest("tenant-a", EMBEDDER.embed(["the user is allergic to peanuts"]), 3)
+
+    assert hits[0].entry.memory_id == "target"
+    assert hits[0].distance == pytest.approx(0.0, abs=1e-5)
+
+
+def test_nearest_checks_the_query_vectors_and_limit(store: LanceVectorStore) -> None:
+    store.upsert([memory("m1", "anything")])
+    vector = EMBEDDER.embed(["anything"])[0]
+    with pytest.raises(ValueError, match="dimensions"):
+        store.nearest("tenant-a", [vector, [1.0, 0.0]], limit=1)
+    assert store.nearest("tenant-a", [vector, vector], limit=0) == [[], []]
+    assert store.nearest("tenant-a", [], limit=5) == []
+
+
+# -- scans without vectors ---------------------------------------------------------------
+
+
+def test_find_refs_reads_the_matching_entries_in_batches_of_at_most_the_given_rows(
+    store: LanceVectorStore,
+) -> None:
+    alice = [memory(f"a{index}", f"alice {index}", subject=("user", "alice")) for index in range(9)]
+    store.upsert([*alice, memory("b1", "bob", subject=("user", "bob"))])
+    store.upsert([memory("a0", "another tenant's alice", tenant_id="tenant-b")])
+
+    batches = list(store.find_refs(Match("tenant-a", subject=("user", "alice")), batch_rows=4))
+
+    assert len(batches) >= 3 and all(0 < len(batch) <= 4 for batch in batches)
+    refs = sorted((ref for batch in batches for ref in batch), key=lambda ref: ref.id)
+    assert refs == [
+        EntryRef(
+            id=e.id,
+            kind=e.kind,
+            tenant_id=e.tenant_id,
+            subject_type=e.subject_type,
+            subject_id=e.subject_id,
+            memory_id=e.memory_id,
+            conversation_id=e.conversation_id,
+            occurred_at=e.occurred_at,
+        )
+        for e in sorted(alice, key=lambda entry: entry.id)
+    ]
+    assert list(store.find_refs(Match("tenant-a"), batch_rows=4)) == []
+
+
+def test_the_audit_reads_in_bounded_batches_and_finds_a_ghost_in_the_last_one(
+    store: LanceVectorStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subject's entries written after its erasure's cut-off are new data; the one
+    written before it, last, is a ghost."""
+    monkeypatch.setattr(embeddings_store, "SCAN_BATCH_ROWS", 3)
+    alice = ("user", "alice")
+    store.upsert(
+        [memory(f"new{index:02d}", "new", subject=alice, version=90) for index in range(10)]
+    )
+    store.upsert([memory("old", "from before the erasure", subject=alice, version=1)])
+    cut_off = T0 + timedelta(minutes=30)
+    covered = {"tenant-a": ErasureIndex({subject_key("tenant-a", *alice): Erasure("d1", cut_off)})}
+    batches: list[list[EntryRef]] = []
+    scan = store.find_refs
+
+    def recorded(match: Match, batch_rows: int) -> Iterator[list[EntryRef]]:
+        for batch in scan(match, batch_rows):
+            batches.append(batch)
+            yield batch
+
+    monkeypatch.setattr(store, "find_refs", recorded)
+    embeddings = EmbeddingsStore(store, asyncio.Lock(), ProbeSealer(new_data_key()))
+
+    ghosts = asyncio.run(embeddings.ghosts(None, covered))  # type: ignore[arg-type]
+
+    assert ghosts == [memory_entry_id("tenant-a", "old")]
+    assert len(batches) >= 4 and all(len(batch) <= 3 for batch in batches)
+    assert memory_entry_id("tenant-a", "old") in {ref.id for ref in batches[-1]}
 
 
 # -- history -----------------------------------------------------------------------------
@@ -471,3 +598,27 @@ def test_a_batch_erasure_reports_what_is_left_per_tombstone(
 
     assert [e.removed for e in erased] == [1, 1]
     assert all(e.reachable and e.reachable[-1].endswith("old table versions") for e in erased)
+
+
+def test_the_store_is_opened_on_first_use_and_not_by_an_audit_of_no_erasure(
+    tmp_path: Path,
+) -> None:
+    opened: list[str] = []
+
+    def vectors() -> LanceVectorStore:
+        opened.append("vectors")
+        return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+
+    def shadows() -> LanceShadows:
+        opened.append("shadows")
+        return LanceShadows(tmp_path / "vectors", EMBEDDER.dim)
+
+    embeddings = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()), shadows)
+    assert asyncio.run(embeddings.ghosts(None, {})) == []  # type: ignore[arg-type]
+    assert opened == []
+
+    covered = {"acme": ErasureIndex({subject_key("acme", "user", "u1"): Erasure("d1", T0)})}
+    assert asyncio.run(embeddings.ghosts(None, covered)) == []  # type: ignore[arg-type]
+    assert sorted(opened) == ["shadows", "vectors"]
+    asyncio.run(embeddings.ghosts(None, covered))  # type: ignore[arg-type]
+    assert len(opened) == 2
