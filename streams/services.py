@@ -170,6 +170,11 @@ class BatchConsumers(Service):
     def add(self, loop: BatchLoop, source: KafkaBatchSource) -> None:
         self._runs.append((loop, source))
 
+    @property
+    def runs(self) -> list[tuple[BatchLoop, KafkaBatchSource]]:
+        """Each agent's loop and its source."""
+        return list(self._runs)
+
     async def on_start(self) -> None:
         for loop, source in self._runs:
             await source.start()

@@ -344,6 +344,14 @@ STORE_FEEDS: dict[str, Callable[[Settings, Metrics, Resources, StoreSupplies], N
 }
 
 
+def consumers_per_worker(kind: str) -> int:
+    """The members one worker of ``kind`` adds to its group: a consumer per agent (tombstones,
+    and a store's feed where it has one; the monitor consumes nothing)."""
+    if kind not in CONSUMING_KINDS:
+        return 0
+    return 2 if kind in STORE_FEEDS else 1
+
+
 def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """Consumer lag of every memproj group and the ghost audit of every derived store."""
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)

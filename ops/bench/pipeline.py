@@ -24,6 +24,7 @@ from rss import PeakRss  # ops/bench/rss.py
 from streams.kafka import admin_config, producer_config
 from streams.progress import wait_pipeline
 from streams.settings import Settings
+from streams.worker import consumers_per_worker
 from topics.registry import MEMORY_EVENTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,7 +162,7 @@ class Workers:
         produce(self.settings, messages[:1])
         self.wait()
         for kind in set(self.kinds) - NO_CONSUMER_GROUP:
-            self.wait_until_stable(kind, len(self.running(kind)))
+            self.wait_until_stable(kind, len(self.running(kind)) * consumers_per_worker(kind))
 
     def wait_until_stable(self, kind: str, members: int, deadline_seconds: float = 120) -> None:
         """Until ``kind``'s group is stable with ``members`` members, each one assigned
