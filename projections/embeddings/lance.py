@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import lancedb
 import numpy as np
@@ -23,7 +23,15 @@ import pyarrow as pa
 from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
-from projections.embeddings.vectors import KINDS, EntryRef, Match, RefHit, VectorEntry, VectorHit
+from projections.embeddings.vectors import (
+    KINDS,
+    EntryKind,
+    EntryRef,
+    Match,
+    RefHit,
+    VectorEntry,
+    VectorHit,
+)
 
 # -- filters -------------------------------------------------------------------------------
 
@@ -433,13 +441,17 @@ def _row(entry: VectorEntry) -> dict[str, Any]:
     }
 
 
-def _entry(row: Mapping[str, Any]) -> VectorEntry:
+def _kind(row: Mapping[str, Any]) -> EntryKind:
     kind = row["kind"]
     if kind not in KINDS:
         raise ValueError(f"stored entry {row['id']!r} has an unknown kind {kind!r}")
+    return cast(EntryKind, kind)
+
+
+def _entry(row: Mapping[str, Any]) -> VectorEntry:
     return VectorEntry(
         id=row["id"],
-        kind=kind,
+        kind=_kind(row),
         tenant_id=row["tenant_id"],
         subject_type=row["subject_type"],
         subject_id=row["subject_id"],
@@ -463,12 +475,9 @@ def _ref_batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[list[Entry
 
 
 def _ref(row: Mapping[str, Any]) -> EntryRef:
-    kind = row["kind"]
-    if kind not in KINDS:
-        raise ValueError(f"stored entry {row['id']!r} has an unknown kind {kind!r}")
     return EntryRef(
         id=row["id"],
-        kind=kind,
+        kind=_kind(row),
         tenant_id=row["tenant_id"],
         subject_type=row["subject_type"],
         subject_id=row["subject_id"],
