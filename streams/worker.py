@@ -162,28 +162,35 @@ def build_projection_worker(
     projection: Projection[Any, Any, Any],
     extra_services: Callable[[Resources], list[Service]] = lambda _: [],
     tracking: Tracking | None = None,
+    agent_per_input: bool = False,
 ) -> WorkerParts:
-    """A worker whose one agent feeds ``projection`` from its input topics."""
+    """A worker that feeds ``projection`` from its input topics: one agent for all of them,
+    or (``agent_per_input``) one per topic, each with its own consumer and runner, so that
+    one topic's backlog never delays another's messages."""
     parts = open_resources(settings, metrics, projection.name)
-    runner = ProjectionRunner(
-        projection,
-        parts.pool,
-        parts.publisher,
-        settings.topics,
-        metrics,
-        failpoint=settings.failpoint,
-        outbox_drain_max_bytes=settings.batch_max_bytes,
-        tracking=tracking,
-    )
-    add_agent(
-        settings,
-        metrics,
-        parts,
-        f"{projection.name}-projection",
-        [settings.topics.name(spec) for spec in projection.input_specs],
-        runner,
-    )
-    services = [*parts.services, OutboxService(runner), *extra_services(parts)]
+
+    def runner() -> ProjectionRunner[Any, Any, Any]:
+        return ProjectionRunner(
+            projection,
+            parts.pool,
+            parts.publisher,
+            settings.topics,
+            metrics,
+            failpoint=settings.failpoint,
+            outbox_drain_max_bytes=settings.batch_max_bytes,
+            tracking=tracking,
+        )
+
+    inputs = [settings.topics.name(spec) for spec in projection.input_specs]
+    if agent_per_input:
+        agents = {f"{projection.name}-{topic}": [topic] for topic in inputs}
+    else:
+        agents = {f"{projection.name}-projection": inputs}
+    runners = [runner() for _ in agents]
+    for (agent, topics), each in zip(agents.items(), runners, strict=True):
+        add_agent(settings, metrics, parts, agent, topics, each)
+    # One drain of what a previous run left in the projection's outbox (any runner's).
+    services = [*parts.services, OutboxService(runners[0]), *extra_services(parts)]
     return parts.parts(metrics, settings, services)
 
 
@@ -291,7 +298,10 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
             *segment_rollers(settings, metrics),
         ]
 
-    return build_projection_worker(settings, metrics, projection, maintenance)
+    # Requests and acknowledgements each on a consumer of their own: under load the stores
+    # acknowledge hundreds of tombstones a second (a revocation sends one to every store),
+    # and a request waiting behind them delayed its own erasure by seconds.
+    return build_projection_worker(settings, metrics, projection, maintenance, agent_per_input=True)
 
 
 def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> WorkerParts:
@@ -345,10 +355,13 @@ STORE_FEEDS: dict[str, Callable[[Settings, Metrics, Resources, StoreSupplies], N
 
 
 def consumers_per_worker(kind: str) -> int:
-    """The members one worker of ``kind`` adds to its group: a consumer per agent (tombstones,
-    and a store's feed where it has one; the monitor consumes nothing)."""
+    """The members one worker of ``kind`` adds to its group: a consumer per agent (the
+    ledger's requests and acknowledgements; a store's tombstones and its feed where it has
+    one; the monitor consumes nothing)."""
     if kind not in CONSUMING_KINDS:
         return 0
+    if kind == "deletion":
+        return len(LedgerProjection.input_specs)  # requests, acknowledgements
     return 2 if kind in STORE_FEEDS else 1
 
 

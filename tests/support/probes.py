@@ -26,7 +26,11 @@ def probe(port: int, path: str) -> Answer | None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
             return response.status, json_or_none(response.read())
     except urllib.error.HTTPError as error:
-        return error.code, json_or_none(error.read())
+        try:
+            body = error.read()
+        except (ConnectionError, http.client.HTTPException):
+            body = b""  # the process exited while sending its 503
+        return error.code, json_or_none(body)
     except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
         return None
 
