@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg.rows import dict_row
 
@@ -77,14 +78,14 @@ def new_token() -> tuple[str, str, str]:
     return f"{PREFIX}_{key_id}_{secret}", key_id, secret
 
 
-def _key_from_row(row: dict[str, object]) -> ApiKey:
+def _key_from_row(row: dict[str, Any]) -> ApiKey:
     return ApiKey(
-        key_id=str(row["key_id"]),
-        tenant_id=str(row["tenant_id"]),
-        actor=str(row["actor"]),
-        purposes=tuple(row["purposes"]),  # type: ignore[call-overload]
-        created_at=row["created_at"],  # type: ignore[arg-type]
-        revoked_at=row["revoked_at"],  # type: ignore[arg-type]
+        key_id=row["key_id"],
+        tenant_id=row["tenant_id"],
+        actor=row["actor"],
+        purposes=tuple(row["purposes"]),
+        created_at=row["created_at"],
+        revoked_at=row["revoked_at"],
     )
 
 

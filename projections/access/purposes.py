@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from psycopg.rows import dict_row
 
@@ -11,13 +12,13 @@ from projections.access.policy import PurposePolicy
 from projections.bookkeeping import Conn
 
 
-def _policy(row: dict[str, object]) -> PurposePolicy:
+def _policy(row: dict[str, Any]) -> PurposePolicy:
     return PurposePolicy(
-        tenant_id=str(row["tenant_id"]),
-        purpose=str(row["purpose"]),
-        kinds=frozenset(row["kinds"]),  # type: ignore[call-overload]
-        scopes=frozenset(row["scopes"]),  # type: ignore[call-overload]
-        conversations=bool(row["conversations"]),
+        tenant_id=row["tenant_id"],
+        purpose=row["purpose"],
+        kinds=frozenset(row["kinds"]),
+        scopes=frozenset(row["scopes"]),
+        conversations=row["conversations"],
     )
 
 

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -28,6 +28,8 @@ from projections.embeddings.vectors import Match
 from projections.migrate import migrate
 from streams.settings import Settings
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
+
+T = TypeVar("T")
 
 # The workers whose output the read routes serve.
 READ_WORKERS = ("memory", "conversation", "embeddings", "context")
@@ -161,7 +163,7 @@ class ApiServer:
         return self.env.wait_until(check, what, seconds)
 
 
-async def _committed(conn: Any, work: Any) -> Any:
+async def _committed(conn: Any, work: Awaitable[T]) -> T:
     result = await work
     await conn.commit()
     return result
