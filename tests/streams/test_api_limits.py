@@ -4,6 +4,7 @@ the bound is refused while it is read, a declared one before."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -29,12 +30,12 @@ def call(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, 
         {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
         for i, chunk in enumerate(chunks)
     ]
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return queue.pop(0)
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     asyncio.run(app(scope, receive, send))
