@@ -55,3 +55,19 @@ def test_probes_and_metrics(api: ApiServer) -> None:
         '/memories",status="401"}' in metrics
     )
     assert 'memproj_api_request_seconds_bucket{le="0.001",method="GET",route="/healthz"' in metrics
+
+
+def test_replicas_share_a_keys_rate_in_redis(api_env: Env, serve_api: Any) -> None:
+    """MEMPROJ_API_RATE_LIMIT_STORAGE=redis: two servers count one key's requests together."""
+    overrides = {"api_rate_limit": "3/minute", "api_rate_limit_storage": "redis"}
+    first: ApiServer = serve_api(api_env, **overrides)
+    second: ApiServer = serve_api(api_env, **overrides)
+    tenant = first.tenant()
+    first.set_purpose(tenant, "support")
+    key = first.create_key(tenant, ["support"])
+    path = "/v1/subjects/user/alice/memories"
+    statuses = []
+    for server in (first, second, first, second):
+        with server.client(key.token) as client:
+            statuses.append(client.get(path, params={"purpose": "support"}).status_code)
+    assert statuses == [200, 200, 200, 429]

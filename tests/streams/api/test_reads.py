@@ -303,3 +303,26 @@ def test_every_read_is_audited_by_ids_never_content(api: ApiServer, events: Even
     assert denied_row["returned_ids"] == [] and denied_row["filtered_ids"] == []
     for row in rows:
         assert marker not in repr(row) and "prefers" not in repr(row)
+
+
+def test_hostile_parameters_are_refused_not_failed(api: ApiServer) -> None:
+    """What PostgreSQL cannot store (NUL) or no name holds (control characters) is a 422,
+    never a 500."""
+    tenant = api.tenant()
+    api.set_purpose(tenant, "support")
+    key = api.create_key(tenant, ["support"])
+    path = memories_path(ALICE)
+    for params in (
+        {"purpose": "sup\x00port"},
+        {"purpose": "support", "kind": "a\x00"},
+        {"purpose": "support", "scope": "\x1b[31m"},
+        {"purpose": "support", "limit": 0},
+        {"purpose": "support", "limit": 10_000},
+        {"purpose": "support", "max_age_seconds": "nan"},
+        {"purpose": "support", "status": "revoked"},
+    ):
+        answer = get(api, key.token, path, **params)
+        assert answer.status_code == 422, (params, answer.text)
+        assert answer.json()["error"]["code"] == "invalid_request"
+    assert get(api, key.token, "/v1/memories/m%00x", purpose="support").status_code == 422
+    assert get(api, key.token, "/v1/nothing", purpose="support").status_code == 404
