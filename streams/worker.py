@@ -142,17 +142,18 @@ def add_agent(
     metrics: Metrics,
     parts: Resources,
     agent_name: str,
-    topic_names: list[str],
+    inputs: list[TopicSpec],
     handler: BatchHandler,
 ) -> None:
-    """Every agent: the shared batch loop, with its own breaker, on ``topic_names``, read by
-    a consumer of its own in the kind's group."""
+    """Every agent: the shared batch loop, with its own breaker, on ``inputs``, read by a
+    consumer of its own in the kind's group."""
     dead_letters = DeadLetters.in_postgres(settings.worker_master_keys(), parts.pool)
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     parts.loops.append(loop)
-    consumer = settings.group_consumer(parts.kind)
+    consumer = settings.group_consumer(parts.kind, inputs)
     membership = parts.state.member(agent_name)
+    topic_names = [settings.topics.name(spec) for spec in inputs]
     parts.consumers.add(loop, KafkaBatchSource(settings.kafka, topic_names, consumer, membership))
 
 
@@ -181,9 +182,9 @@ def build_projection_worker(
             tracking=tracking,
         )
 
-    inputs = [settings.topics.name(spec) for spec in projection.input_specs]
+    inputs = list(projection.input_specs)
     if agent_per_input:
-        agents = {f"{projection.name}-{topic}": [topic] for topic in inputs}
+        agents = {f"{projection.name}-{settings.topics.name(spec)}": [spec] for spec in inputs}
     else:
         agents = {f"{projection.name}-projection": inputs}
     runners = [runner() for _ in agents]
@@ -314,8 +315,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> Work
     if feed is not None:
         feed(settings, metrics, parts, supplies)
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
-    tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
-    add_agent(settings, metrics, parts, handler.name, tombstones, handler)
+    add_agent(settings, metrics, parts, handler.name, [DELETION_TOMBSTONES], handler)
     return parts.parts(metrics, settings, parts.services)
 
 
@@ -334,8 +334,14 @@ def feed_embeddings(
         supplies.vector_writes,
         key_store(settings),
     )
-    feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-    add_agent(settings, metrics, parts, "embeddings-index", feeds, indexer)
+    add_agent(
+        settings,
+        metrics,
+        parts,
+        "embeddings-index",
+        [MEMORY_CURRENT, CONVERSATION_MESSAGES],
+        indexer,
+    )
 
 
 def feed_cache(
@@ -343,8 +349,7 @@ def feed_cache(
 ) -> None:
     """Invalidation of cached reads that a memory.current update makes stale."""
     freshness = CacheFreshness(supplies.cache, parts.publisher)
-    feeds = [settings.topics.name(MEMORY_CURRENT)]
-    add_agent(settings, metrics, parts, "cache-freshness", feeds, freshness)
+    add_agent(settings, metrics, parts, "cache-freshness", [MEMORY_CURRENT], freshness)
 
 
 # The stores that are also fed by a stream, besides tombstones.
