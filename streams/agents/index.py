@@ -214,8 +214,10 @@ class EmbeddingsIndexer:
         with stage("embed"):
             plan = plan_index(updates, held, self._embedder)
         with stage("write"):
-            for match in plan.removals:
-                await asyncio.to_thread(self._vectors.remove, match)
+            if plan.removals:
+                # One delete for the batch, not one each: the write lock is held meanwhile, and
+                # a revocation's or erasure's null on memory.current is a removal.
+                await asyncio.to_thread(self._vectors.remove_any, plan.removals)
             if plan.upserts:
                 await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
         return plan

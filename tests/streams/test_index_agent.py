@@ -131,3 +131,20 @@ def test_an_index_batch_waiting_for_a_deletion_holds_no_write_lock(
 
     assert result["free"] and len(result["entries"]) == 1
     assert vectors.entries("acme") == []  # indexed once the deletion committed
+
+
+@pytest.mark.integration
+def test_the_removals_of_an_index_batch_are_one_delete(env: Env, tmp_path: Path) -> None:
+    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    vectors.upsert([memory(f"m{n}", f"fact {n}", "acme", ("user", "u1")) for n in range(4)])
+    versions_before = vectors.history_versions()
+
+    async def run() -> None:
+        async with make_pool(env.settings.postgres_dsn, 1) as pool:
+            indexer = indexer_of(env, pool, vectors, asyncio.Lock())
+            await indexer.index([MemoryUpdate("acme", f"m{n}", None) for n in range(3)])
+
+    asyncio.run(run())
+
+    assert [entry.memory_id for entry in vectors.entries("acme")] == ["m3"]
+    assert vectors.history_versions() == versions_before + 1  # one table version, not three
