@@ -137,7 +137,8 @@ class Sealer:
             # an explicit ``"expires_at": null`` whether the producer sent null or nothing:
             # they are read as written (null removes the expiry), which is what memproj did
             # with both when they were applied, so replaying them rebuilds the same records.
-            raw = event.model_dump(mode="json", exclude_unset=True)
+            # (``model_dump(mode="json", exclude_unset=True)``, without its Python wrapper.)
+            raw = event.__pydantic_serializer__.to_python(event, mode="json", exclude_unset=True)
             ref = _entity(event)
             if ref is not None:
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
