@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Union
 
 import orjson
-import pydantic_core
 import re2
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from topics.envelope import Envelope
+from topics.envelope import Envelope, model_json
 from topics.outputs import DeadLetterReason
 from topics.schemas import EventSchema, SchemaRegistry, UnknownSchemaVersion
 
@@ -98,7 +97,7 @@ class InvalidMessage(ValueError):
 
 
 def encode(record: BaseModel) -> bytes:
-    return pydantic_core.to_json(record)
+    return model_json(record)
 
 
 def encode_key(key: str) -> bytes:
