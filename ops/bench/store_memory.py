@@ -17,9 +17,9 @@ Each process reports its peak RSS (``VmHWM``) after opening the store and at the
 its CPU time. With ``--baseline`` the same scenarios also run on another source tree (e.g.
 ``git archive`` of main unpacked somewhere), side by side in one run, on the same store.
 The store parts are imported the way a worker imports them, and the workers' own start-up
-(``limit_malloc_arenas``) is applied where the tree has it; the rest of a worker (faust,
-librdkafka, the agents) is not in these numbers: ops/bench/projection.py measures the
-workers whole.
+(``limit_malloc_arenas``, ``use_system_arrow_pool``) is applied where the tree has it; the
+rest of a worker (faust, librdkafka, the agents) is not in these numbers:
+ops/bench/projection.py measures the workers whole.
 """
 
 from __future__ import annotations
@@ -135,6 +135,12 @@ def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, A
         pass
     else:
         limit_malloc_arenas()
+    try:
+        from streams.runtime import use_system_arrow_pool
+    except ImportError:  # a tree from before it
+        pass
+    else:
+        use_system_arrow_pool()
     from datetime import UTC, datetime
 
     from projections.deletion import store as deletion_store
