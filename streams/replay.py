@@ -551,9 +551,10 @@ async def replay_embeddings(
     swap by replacing the live table's content in one commit (old versions purged).
 
     The rebuild embeds with the configured embedder (``MEMPROJ_EMBEDDER``): it is how the
-    vectors move to another model. The live table is read whatever model it holds, and when
-    that is another one the rebuild is swapped in even if its entries are the same ones (the
-    comparison is of entries, not vectors): the live vectors are unusable to this embedder."""
+    vectors move to another model. The live table is read whatever model it holds; when that
+    is another one, ``if-equal`` swaps the rebuild in even where the entries differ (the
+    comparison is of entries, not vectors): the live vectors are unusable to this embedder,
+    and ``never`` still keeps them."""
     from projections.embeddings.lance import drop_table, replay_table_name, table_model
     from streams.agents.index import EmbeddingsIndexer
 
