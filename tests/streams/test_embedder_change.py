@@ -93,9 +93,7 @@ def test_a_model_change_is_refused_until_the_rebuild_swaps_it_in(env: Any) -> No
     # The worker of the new model runs, and indexes with it.
     env.settings = wordllama
     env.worker("embeddings")
-    env.produce_events(
-        [f.proposed("acme", "mem_city", ALICE, {"text": "lives in a flat in Lyon"})]
-    )
+    env.produce_events([f.proposed("acme", "mem_city", ALICE, {"text": "lives in a flat in Lyon"})])
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     indexed(env, wordllama, 3)
     assert recalled(env, wordllama, "resides in an apartment in France") == ["mem_city"]
