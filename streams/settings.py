@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
+from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -219,7 +220,16 @@ class Settings(BaseSettings):
     )
     cache_ttl_seconds: int = Field(300, description="lifetime of recall and context cache entries")
     cache_namespace: str = Field("memproj", description="prefix of every Redis key memproj writes")
-    embedding_dim: int = Field(256, description="dimensions of the default hashing embedder")
+    embedder: EmbedderKind = Field(
+        "wordllama",
+        description="the vector store's embedder: wordllama (the l2_supercat sentence-embedding "
+        "model, 256 dimensions, weights in the wheel, loaded offline) or hashing (words and "
+        "word pairs hashed, no dependency; finds shared words, not meaning). Vectors record "
+        "their model: after a change, rebuild them with `memproj replay embeddings`",
+    )
+    embedding_dim: int = Field(
+        256, description="dimensions of the hashing embedder (wordllama's are its model's: 256)"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
     metrics_port: int | None = Field(
         None,
@@ -422,6 +432,11 @@ class Settings(BaseSettings):
         return BreakerSettings(
             self.breaker_failure_ratio, self.breaker_min_failures, self.breaker_window
         )
+
+    @property
+    def embedder_identity(self) -> EmbedderIdentity:
+        """The model the vector store must hold, named without loading it."""
+        return embedder_identity(self.embedder, self.embedding_dim)
 
     @property
     def vector_store_path(self) -> Path:
