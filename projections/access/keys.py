@@ -13,7 +13,7 @@ import hmac
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +31,8 @@ _SECRET = re.compile(r"^[A-Za-z0-9_-]{43}$")
 @dataclass(frozen=True, slots=True)
 class PresentedKey:
     key_id: str
-    secret: str
+    # Never in a repr: a log line or a traceback's locals must not carry it.
+    secret: str = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class ApiKey:
 @dataclass(frozen=True, slots=True)
 class CreatedKey:
     key: ApiKey
-    token: str  # the whole `mpk_...` string: shown once, never stored
+    token: str = field(repr=False)  # the whole `mpk_...` string: shown once, never stored
 
 
 def parse_key(token: str) -> PresentedKey | None:
