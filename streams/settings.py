@@ -237,6 +237,28 @@ class Settings(BaseSettings):
         "seconds, at least 2)",
     )
     # -- end of probes and shutdown
+    # -- the HTTP API (issue 18: memproj serve)
+    api_host: str = Field("127.0.0.1", description="address memproj serve binds")
+    api_port: int = Field(8080, description="port memproj serve listens on (0: any free port)")
+    api_rate_limit: str = Field(
+        "1200/minute",
+        description="requests one API key may make, a moving window in the limits library's "
+        "notation ('100/second', '1200/minute', '10 per 1 second'); past it 429 with Retry-After",
+    )
+    api_rate_limit_storage: Literal["memory", "redis"] = Field(
+        "memory",
+        description="where the rate limit's windows are kept: 'memory', per process; 'redis' "
+        "(MEMPROJ_REDIS_URL), shared by every replica of the API",
+    )
+    api_max_body_bytes: int = Field(
+        262144, description="largest request body the API reads; a larger one is refused (413)"
+    )
+    api_audit_retention_seconds: float = Field(
+        90 * 24 * 3600.0,
+        description="read audit rows (api_read_audit) older than this are deleted by the "
+        "deletion worker's maintenance; 0: kept forever",
+    )
+    # -- end of the HTTP API
     log_level: str = Field("info", description="worker log level")
     # -- secrets and master keys (issue 16: SecretStr, *_FILE, rotation) -----------------------
     environment: Literal["production", "local"] = Field(

@@ -124,6 +124,10 @@ class RecallQuery:
     statuses: tuple[MemoryStatus, ...] = ("verified", "proposed")
     max_age: timedelta | None = None
     limit: int = 50
+    # A purpose policy's confinement (projections.access.policy): only these kinds and scopes
+    # (None: any), applied in the query, before ranking and limit.
+    kinds: frozenset[str] | None = None
+    scopes: frozenset[str] | None = None
 
 
 async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRecord]:
@@ -138,6 +142,8 @@ async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRe
             " AND (expires_at IS NULL OR expires_at > %(now)s)"
             " AND (%(scope)s::text IS NULL OR scope = %(scope)s)"
             " AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+            " AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s))"
+            " AND (%(scopes)s::text[] IS NULL OR scope = ANY(%(scopes)s))"
             " AND (%(oldest)s::timestamptz IS NULL OR observed_at >= %(oldest)s)"
             " ORDER BY observed_at DESC, memory_id LIMIT %(limit)s",
             {
@@ -148,6 +154,8 @@ async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRe
                 "now": now,
                 "scope": query.scope,
                 "kind": query.kind,
+                "kinds": sorted(query.kinds) if query.kinds is not None else None,
+                "scopes": sorted(query.scopes) if query.scopes is not None else None,
                 "oldest": now - query.max_age if query.max_age else None,
                 "limit": query.limit,
             },
