@@ -5,9 +5,9 @@ The rule (pure): a key writes only under a write purpose it holds (``PROPOSE`` f
 conversation events, ``DELETE`` for deletion requests; reserved names, granted like any other
 purpose with ``memproj keys api create --purposes``); a proposed event must be of the key's
 tenant and name the key's actor as its actor (``key_actor``: a key's ``agent:support-bot``
-is the event actor ``{"type": "agent", "id": "support-bot"}``), so that an agent can neither write into another
-tenant nor pass its event off as another actor's. Reads are governed by ``policy``: a write
-purpose reads nothing unless the tenant gives it a policy row too.
+is the event actor ``{"type": "agent", "id": "support-bot"}``), so that an agent can neither
+write into another tenant nor pass its event off as another actor's. Reads are governed by
+``policy``: a write purpose reads nothing unless the tenant gives it a policy row too.
 
 Accepted once: the API records ``(tenant_id, event_id)`` in the same transaction that waits
 for the broker's delivery of the event (``streams.api.routes.proposals``), so that an

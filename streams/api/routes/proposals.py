@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from projections.access.policy import PolicyRefusal
@@ -33,7 +33,12 @@ from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
 from streams.api.services import ApiServices
 from streams.kafka import PublishFailed
-from topics.api.writes import CONVERSATION_EVENT_SCHEMA, MEMORY_EVENT_SCHEMA, ProposalAnswer
+from topics.api.writes import (
+    CONVERSATION_EVENT_SCHEMA,
+    MEMORY_EVENT_SCHEMA,
+    ProposalAnswer,
+    event_schemas,
+)
 from topics.codec import EventCodec, InvalidMessage
 from topics.envelope import Envelope
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicSpec, entity_key
@@ -127,6 +132,27 @@ async def propose(
     return ProposalAnswer(
         event_id=event.event_id, event_type=event.event_type, status="accepted", accepted_at=now
     )
+
+
+def install_schemas(app: FastAPI) -> None:
+    """Add the proposal bodies' schemas (``topics.api.writes.event_schemas``) to the app's
+    OpenAPI components: the routes read their bodies raw, for the codec, so FastAPI does not
+    know them."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = generate()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            wanted = event_schemas()
+            clashes = {n for n, schema in wanted.items() if schemas.get(n, schema) != schema}
+            if clashes:
+                raise RuntimeError(f"OpenAPI components named twice: {sorted(clashes)}")
+            schemas.update(wanted)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _body_of(topic: InputTopic) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The HTTP API under load: recall and semantic search over 100,000 memories (issue 18).
 
-    flock /tmp/bench.lock .venv/bin/python ops/bench/api.py [--memories 100000]
+    flock /tmp/bench.lock .venv/bin/python ops/bench/http_api.py [--memories 100000]
         [--subjects 2000] [--rate 20] [--seconds 20] [--json PATH]
 
 1. Loads ``--memories`` memories of one tenant (``--subjects`` users, 50 each by default;
@@ -61,7 +61,6 @@ from streams.sample import EventFactory, to_message
 from streams.services import open_vector_store
 from streams.settings import Settings
 from topics.codec import EventCodec
-from topics.memory import MemoryEvent
 from topics.schemas import default_schemas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,13 +70,14 @@ PURPOSE = "bench"
 CHUNK = 10_000
 KINDS = ("preference", "fact", "profile", "goal")
 SCOPES = ("user", "account", "support")
-WORDS = (
+VOCABULARY = (
     "email invoice receipt phone call morning evening weekend holiday travel train flight "
     "hotel coffee tea vegetarian vegan allergy peanut gluten spanish portuguese english "
     "french german newsletter discount refund delivery courier parcel address lisbon porto "
     "madrid berlin paris london office remote meeting calendar reminder password security "
     "billing monthly annual plan premium basic support ticket chat callback priority"
-).split()
+)
+WORDS = tuple(VOCABULARY.split())
 
 
 def memory_events(count: int, subjects: int, seed: int) -> Iterator[tuple[bytes, bytes]]:
@@ -104,7 +104,9 @@ def load(settings: Settings, embedder: Embedder, count: int, subjects: int) -> d
     schemas = default_schemas()
     codec = EventCodec(schemas, frozenset(t for t in schemas.event_types() if "memory." in t))
     vectors = open_vector_store(settings)
-    spent = Counter[str]()
+    spent: dict[str, float] = dict.fromkeys(
+        ("decode_and_reduce", "postgres", "embed", "vector_store"), 0.0
+    )
     messages = list(memory_events(count, subjects, seed=18))
     for start in range(0, len(messages), CHUNK):
         began = time.perf_counter()
@@ -113,9 +115,9 @@ def load(settings: Settings, embedder: Embedder, count: int, subjects: int) -> d
         spent["decode_and_reduce"] += time.perf_counter() - began
 
         async def save(batch: Any = result) -> None:
-            async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
-                async with conn.transaction():
-                    await store.save_batch(conn, batch)
+            conninfo = settings.postgres_conninfo
+            async with await psycopg.AsyncConnection.connect(conninfo) as conn, conn.transaction():
+                await store.save_batch(conn, batch)
 
         began = time.perf_counter()
         asyncio.run(save())
