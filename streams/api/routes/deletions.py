@@ -28,7 +28,7 @@ DeletionId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00
     "/deletions",
     status_code=202,
     response_model=DeletionAccepted,
-    responses=error_responses(401, 403, 413, 422, 429, 500, 503),
+    responses=error_responses(400, 401, 403, 413, 422, 429, 500, 503),
     summary="Request a deletion (published to deletion.requests)",
     operation_id="request_deletion",
 )

@@ -129,6 +129,16 @@ def test_a_conversation_event_through_the_api_is_applied(
     [message] = shown.json()["messages"]
     assert message["content"] == [{"type": "text", "text": "send my invoices by mail, please"}]
 
+    def context() -> dict[str, Any] | None:
+        with api.client(key.token) as client:
+            answer = client.get("/v1/conversations/c_api/context", params={"purpose": "support"})
+        assert answer.status_code in (200, 404), answer.text
+        return answer.json() if answer.status_code == 200 else None
+
+    built = api.wait_for(context, "the context view of c_api")
+    # The second read is answered from the cache (the first one filled it): the same view.
+    assert context() == built
+
 
 def test_writes_outside_the_keys_tenant_actor_or_purpose_are_refused(
     api: ApiServer, events: EventFactory
