@@ -7,6 +7,7 @@ time. The defaults match the local stack started by ``ops/stack up``.
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -438,6 +439,12 @@ class Settings(BaseSettings):
     @property
     def vector_store_path(self) -> Path:
         return self.data_dir / "lancedb"
+
+    @property
+    def api_audit_retention(self) -> timedelta | None:
+        """How long the API's read audit is kept (None: forever)."""
+        seconds = self.api_audit_retention_seconds
+        return timedelta(seconds=seconds) if seconds > 0 else None
 
     @property
     def context(self) -> ContextSettings:

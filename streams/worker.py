@@ -293,6 +293,7 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
                 timedelta(seconds=settings.deletion_check_interval_seconds),
                 timedelta(seconds=settings.deletion_redelivery_seconds),
                 timedelta(seconds=settings.rebuild_grace_seconds),
+                audit_retention=settings.api_audit_retention,
             ),
             # Topic lifetimes (issue 15): memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics),

@@ -16,6 +16,7 @@ from limits import RateLimitItem, parse
 from limits.aio.storage import MemoryStorage, Storage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streams.api.errors import error_response
@@ -50,8 +51,13 @@ class RateLimit:
         return Verdict(False, max(1, math.ceil(stats.reset_time - time.time())))
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` as the body grows past the bound. An HTTPException, so that
+    FastAPI, which turns other failures of a body read into 400, lets it through to the
+    error handlers (413)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request bodies are limited to {max_bytes} bytes")
 
 
 class BodyLimit:
@@ -84,7 +90,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:

@@ -50,7 +50,11 @@ class ApiMetrics:
 
 def route_template(app: ASGIApp, scope: Scope) -> str:
     """The template of the route that answered (``/v1/memories/{memory_id}``), never the
-    path itself: paths carry ids, and a label per id would grow without bound."""
+    path itself: paths carry ids, and a label per id would grow without bound. The router
+    names the route it chose in the scope; a refusal before routing (413) is matched here."""
+    chosen = scope.get("route")
+    if chosen is not None:
+        return str(getattr(chosen, "path", UNMATCHED))
     for route in getattr(getattr(app, "router", None), "routes", ()):
         match, _ = route.matches(scope)
         if match == Match.FULL:

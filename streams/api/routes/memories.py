@@ -30,12 +30,20 @@ router = APIRouter(prefix="/v1", tags=["memories"])
 
 _READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
 
-Identifier = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")]
+# Names are printable: PostgreSQL's text refuses NUL, and a control character is no id.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+Identifier = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 PurposeParam = Annotated[
-    str, Query(min_length=1, max_length=200, description="why the caller reads: one of the key's")
+    str,
+    Query(
+        min_length=1,
+        max_length=200,
+        pattern=NAME_PATTERN,
+        description="why the caller reads: one of the key's purposes",
+    ),
 ]
-ScopeParam = Annotated[str | None, Query(min_length=1, max_length=200)]
-KindParam = Annotated[str | None, Query(min_length=1, max_length=200)]
+ScopeParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+KindParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 StatusParam = Annotated[
     list[Literal["verified", "proposed"]] | None,
     Query(description="statuses to return (repeatable); default verified and proposed"),
