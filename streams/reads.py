@@ -28,7 +28,7 @@ from projections.deletion import queries as ledger_queries
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
-from projections.embeddings.vectors import VectorStore
+from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from topics.outputs import MemoryRecord
@@ -142,6 +142,7 @@ async def recall_by_text(
     now: datetime,
 ) -> Hydrated:
     """Semantic recall: the vector store proposes, the projection and the ledger decide."""
+    check_embedder(vectors, embedder.name)
     (vector,) = embedder.embed([text])
     subject = (query.subject_type, query.subject_id)
     hits = await asyncio.to_thread(

@@ -7,6 +7,7 @@ time. The defaults match the local stack started by ``ops/stack up``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -17,15 +18,21 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
+from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings
-from topics.registry import TopicNames
+from topics.registry import DELETION_REQUESTS, TopicNames, TopicSpec
 
 # The workers whose commit makes an event visible to the reads (recall, context): their
 # batches wait less (ops/decisions/freshness.md).
 PROJECTION_KINDS = frozenset({"memory", "conversation"})
+
+# The inputs whose every message someone waits for, and which are few: a deletion request
+# (an erasure's deadline runs from it). An agent that reads only these gathers as briefly as
+# the projections, whatever its worker kind (ops/decisions/erasure-latency.md).
+LATENCY_BOUND_INPUTS = frozenset({DELETION_REQUESTS.base_name})
 
 # -- secrets (issue 16) ---------------------------------------------------------------------
 
@@ -141,15 +148,16 @@ class Settings(BaseSettings):
     batch_max_wait_seconds: float = Field(
         0.25,
         description="longest a partial batch of the derived-store and deletion workers waits "
-        "before it is applied (the memory and conversation workers: "
-        "MEMPROJ_PROJECTION_BATCH_MAX_WAIT_SECONDS)",
+        "before it is applied (the memory and conversation workers and the deletion worker's "
+        "requests: MEMPROJ_PROJECTION_BATCH_MAX_WAIT_SECONDS)",
     )
     projection_batch_max_wait_seconds: float = Field(
         0.05,
-        description="longest a partial batch of the memory and conversation workers waits "
-        "before it is applied: part of how soon recall and context see an event; batches that "
-        "arrive while one is applied are applied together, so a busy worker's transactions "
-        "grow with its load whatever this is",
+        description="longest a partial batch of the memory and conversation workers (and the "
+        "deletion worker's requests) waits before it is applied: part of how soon recall and "
+        "context see an event and an erasure begins; batches that arrive while one is "
+        "applied are applied together, so a busy worker's transactions grow with its load "
+        "whatever this is",
     )
     batch_max_bytes: int = Field(
         32 * 1024 * 1024,
@@ -213,7 +221,16 @@ class Settings(BaseSettings):
     )
     cache_ttl_seconds: int = Field(300, description="lifetime of recall and context cache entries")
     cache_namespace: str = Field("memproj", description="prefix of every Redis key memproj writes")
-    embedding_dim: int = Field(256, description="dimensions of the default hashing embedder")
+    embedder: EmbedderKind = Field(
+        "wordllama",
+        description="the vector store's embedder: wordllama (the l2_supercat sentence-embedding "
+        "model, 256 dimensions, weights in the wheel, loaded offline) or hashing (words and "
+        "word pairs hashed, no dependency; finds shared words, not meaning). Vectors record "
+        "their model: after a change, rebuild them with `memproj replay embeddings`",
+    )
+    embedding_dim: int = Field(
+        256, description="dimensions of the hashing embedder (wordllama's are its model's: 256)"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
     metrics_port: int | None = Field(
         None,
@@ -416,10 +433,13 @@ class Settings(BaseSettings):
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.batch_max_events, self.batch_max_wait_seconds, self.batch_max_bytes)
 
-    def group_consumer(self, worker: str) -> GroupConsumerSettings:
-        """The consumer group settings of a worker kind's batch consumer."""
+    def group_consumer(
+        self, worker: str, inputs: Sequence[TopicSpec] = ()
+    ) -> GroupConsumerSettings:
+        """The consumer group settings of a worker kind's batch consumer of ``inputs``."""
         limits = self.batch_limits
-        if worker in PROJECTION_KINDS:
+        latency_bound = bool(inputs) and all(s.base_name in LATENCY_BOUND_INPUTS for s in inputs)
+        if worker in PROJECTION_KINDS or latency_bound:
             limits = dataclasses.replace(
                 limits, max_wait_seconds=self.projection_batch_max_wait_seconds
             )
@@ -435,6 +455,11 @@ class Settings(BaseSettings):
         return BreakerSettings(
             self.breaker_failure_ratio, self.breaker_min_failures, self.breaker_window
         )
+
+    @property
+    def embedder_identity(self) -> EmbedderIdentity:
+        """The model the vector store must hold, named without loading it."""
+        return embedder_identity(self.embedder, self.embedding_dim)
 
     @property
     def vector_store_path(self) -> Path:

@@ -22,7 +22,6 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn, HandoverTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
-from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
 from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
@@ -53,6 +52,7 @@ from streams.services import (
     PublisherService,
     StoreSupplies,
     WorkerState,
+    build_embedder,
     make_pool,
 )
 from streams.settings import Settings
@@ -142,17 +142,18 @@ def add_agent(
     metrics: Metrics,
     parts: Resources,
     agent_name: str,
-    topic_names: list[str],
+    inputs: list[TopicSpec],
     handler: BatchHandler,
 ) -> None:
-    """Every agent: the shared batch loop, with its own breaker, on ``topic_names``, read by
-    a consumer of its own in the kind's group."""
+    """Every agent: the shared batch loop, with its own breaker, on ``inputs``, read by a
+    consumer of its own in the kind's group."""
     dead_letters = DeadLetters.in_postgres(settings.worker_master_keys(), parts.pool)
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     parts.loops.append(loop)
-    consumer = settings.group_consumer(parts.kind)
+    consumer = settings.group_consumer(parts.kind, inputs)
     membership = parts.state.member(agent_name)
+    topic_names = [settings.topics.name(spec) for spec in inputs]
     parts.consumers.add(loop, KafkaBatchSource(settings.kafka, topic_names, consumer, membership))
 
 
@@ -181,9 +182,9 @@ def build_projection_worker(
             tracking=tracking,
         )
 
-    inputs = [settings.topics.name(spec) for spec in projection.input_specs]
+    inputs = list(projection.input_specs)
     if agent_per_input:
-        agents = {f"{projection.name}-{topic}": [topic] for topic in inputs}
+        agents = {f"{projection.name}-{settings.topics.name(spec)}": [spec] for spec in inputs}
     else:
         agents = {f"{projection.name}-projection": inputs}
     runners = [runner() for _ in agents]
@@ -269,7 +270,8 @@ def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerPar
 def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """The ledger: requests and acknowledgements, plus redelivery, verification and the
     deletion metrics."""
-    embedder = HashingEmbedder(settings.embedding_dim)
+    # The verification probes are searched in the vector store: its embedder's vectors.
+    embedder = build_embedder(settings)
     probes = probe_sealer(settings)  # the ledger seals probes, the verification opens them
     projection = LedgerProjection(
         default_schemas(),
@@ -315,8 +317,7 @@ def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> Work
     if feed is not None:
         feed(settings, metrics, parts, supplies)
     handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
-    tombstones = [settings.topics.name(DELETION_TOMBSTONES)]
-    add_agent(settings, metrics, parts, handler.name, tombstones, handler)
+    add_agent(settings, metrics, parts, handler.name, [DELETION_TOMBSTONES], handler)
     return parts.parts(metrics, settings, parts.services)
 
 
@@ -328,15 +329,21 @@ def feed_embeddings(
     indexer = EmbeddingsIndexer(
         parts.pool,
         supplies.vectors,
-        HashingEmbedder(settings.embedding_dim),
+        build_embedder(settings),
         parts.publisher,
         settings.topics,
         metrics,
         supplies.vector_writes,
         key_store(settings),
     )
-    feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-    add_agent(settings, metrics, parts, "embeddings-index", feeds, indexer)
+    add_agent(
+        settings,
+        metrics,
+        parts,
+        "embeddings-index",
+        [MEMORY_CURRENT, CONVERSATION_MESSAGES],
+        indexer,
+    )
 
 
 def feed_cache(
@@ -344,8 +351,7 @@ def feed_cache(
 ) -> None:
     """Invalidation of cached reads that a memory.current update makes stale."""
     freshness = CacheFreshness(supplies.cache, parts.publisher)
-    feeds = [settings.topics.name(MEMORY_CURRENT)]
-    add_agent(settings, metrics, parts, "cache-freshness", feeds, freshness)
+    add_agent(settings, metrics, parts, "cache-freshness", [MEMORY_CURRENT], freshness)
 
 
 # The stores that are also fed by a stream, besides tombstones.

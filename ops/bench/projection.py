@@ -531,6 +531,8 @@ def report(result: dict[str, Any], versions: int) -> None:
                     f" {acknowledged} of {e['requested']}",
                 )
             )
+        for hop, (p50, p99) in e["hops_p50_p99_ms"].items():
+            lines.append((f"  {hop}", f"p50 {_ms(p50)}, p99 {_ms(p99)}"))
     for label, text in lines:
         print(f"  {label:<36} {text}")
     print(

@@ -57,6 +57,22 @@ async def lock_tenants(conn: Conn, tenants: Iterable[str], *, exclusive: bool) -
     )
 
 
+async def try_lock_tenants_shared(conn: Conn, tenants: Iterable[str]) -> bool:
+    """Take the shared tenant locks for this transaction if every one is free now (no
+    deletion of these tenants holds or awaits its exclusive lock); False, with some perhaps
+    taken, if not: the caller rolls back."""
+    ordered = sorted(set(tenants))
+    if not ordered:
+        return True
+    cursor = await conn.execute(
+        "SELECT bool_and(pg_try_advisory_xact_lock_shared("
+        "hashtextextended('memproj:tenant:' || t, 0))) FROM unnest(%s::text[]) AS x(t)",
+        (ordered,),
+    )
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
 _ERASURES_LOCK = "memproj:erasures"
 
 

@@ -21,13 +21,14 @@ from projections.deletion import store as deletion_store
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
     Authoritative,
+    IndexPlan,
     IndexUpdate,
     MemoryUpdate,
     MessageUpdate,
     erasure_keys,
     plan_index,
 )
-from projections.embeddings.vectors import VectorStore
+from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
@@ -59,6 +60,7 @@ class EmbeddingsIndexer:
         writes: asyncio.Lock,
         keys: KeyStore,
     ) -> None:
+        check_embedder(vectors, embedder.name)  # a worker never mixes two models' vectors
         self._writes = writes
         self._keys = keys
         self._pool = pool
@@ -169,17 +171,23 @@ class EmbeddingsIndexer:
     async def index(self, updates: Sequence[IndexUpdate]) -> None:
         if not updates:
             return
-        async with self._pool.connection() as conn, conn.transaction():
-            await deletion_store.lock_tenants(conn, (u.tenant_id for u in updates), exclusive=False)
-            held = await self._authoritative(conn, updates)
-            with stage("embed"):
-                plan = plan_index(updates, held, self._embedder)
-            with stage("write"):
-                async with self._writes:
-                    for match in plan.removals:
-                        await asyncio.to_thread(self._vectors.remove, match)
-                    if plan.upserts:
-                        await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
+        tenants = sorted({u.tenant_id for u in updates})
+        plan: IndexPlan | None = None
+        while plan is None:
+            # Never waiting for one of the two locks while holding the other: a tombstone
+            # holds the vector store's write lock for as long as its purge takes, and a
+            # deletion (the ledger's exclusive tenant lock) waits for the projections'
+            # transactions; a batch holding one while waiting for the other chained the two
+            # waits, a second or more each under load (ops/decisions/erasure-latency.md).
+            async with self._pool.connection() as conn:
+                async with self._writes, conn.transaction():
+                    if await deletion_store.try_lock_tenants_shared(conn, tenants):
+                        plan = await self._index_locked(conn, updates)
+                if plan is None:
+                    # A deletion of one of these tenants holds or awaits its lock: wait until
+                    # it has committed, holding nothing else, and try again.
+                    async with conn.transaction():
+                        await deletion_store.lock_tenants(conn, tenants, exclusive=False)
         await self._publisher.publish(
             [
                 OutboxMessage(
@@ -200,6 +208,20 @@ class EmbeddingsIndexer:
         self._metrics.index_update("embeddings", "removed", len(plan.removals))
         self._metrics.index_update("embeddings", "stale", plan.stale)
         self._metrics.index_update("embeddings", "erased", len(plan.rejections))
+
+    async def _index_locked(self, conn: Conn, updates: Sequence[IndexUpdate]) -> IndexPlan:
+        """Decide and write the batch, under the shared tenant locks and the write lock."""
+        held = await self._authoritative(conn, updates)
+        with stage("embed"):
+            plan = plan_index(updates, held, self._embedder)
+        with stage("write"):
+            if plan.removals:
+                # One delete for the batch, not one each: the write lock is held meanwhile, and
+                # a revocation's or erasure's null on memory.current is a removal.
+                await asyncio.to_thread(self._vectors.remove_any, plan.removals)
+            if plan.upserts:
+                await asyncio.to_thread(self._vectors.upsert, list(plan.upserts.values()))
+        return plan
 
     async def _authoritative(self, conn: Conn, updates: Sequence[IndexUpdate]) -> Authoritative:
         memories = sorted(

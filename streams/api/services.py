@@ -20,13 +20,13 @@ from redis.asyncio import Redis
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
-from projections.embeddings.embedder import Embedder, HashingEmbedder
+from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from streams.api.limits import RateLimit
 from streams.api.metrics import ApiMetrics
 from streams.kafka import DeliveringProducer, admin_config
-from streams.services import make_pool, open_vector_store
+from streams.services import build_embedder, make_pool, open_vector_store
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class ApiServices:
     settings: Settings
     pool: AsyncConnectionPool[Conn]
     redis: Redis
-    embedder: Embedder
+    open_embedder: Callable[[], Embedder]
     metrics: ApiMetrics
     rate_limit: RateLimit
     open_vectors: Callable[[], VectorStore]
@@ -54,6 +54,11 @@ class ApiServices:
     def cache(self) -> RedisCache:
         settings = self.settings
         return RedisCache(self.redis, settings.cache_ttl_seconds, settings.cache_namespace)
+
+    @cached_property
+    def embedder(self) -> Embedder:
+        """The configured embedder (MEMPROJ_EMBEDDER), loaded at start."""
+        return self.open_embedder()
 
     @cached_property
     def vectors(self) -> VectorStore:
@@ -73,6 +78,8 @@ class ApiServices:
         return AdminClient(admin_config(self.settings.kafka))
 
     async def start(self) -> None:
+        # Loaded before the first request, not by it (wordllama takes a second).
+        await asyncio.to_thread(lambda: self.embedder)
         await self.pool.open(wait=True, timeout=60)
         async with self.pool.connection() as conn:
             applied = await migrate(conn)
@@ -113,7 +120,7 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
         settings=settings,
         pool=make_pool(settings.postgres_conninfo, settings.postgres_pool_size),
         redis=connect_redis(settings.redis_url),
-        embedder=HashingEmbedder(settings.embedding_dim),
+        open_embedder=lambda: build_embedder(settings),
         metrics=ApiMetrics(registry if registry is not None else CollectorRegistry()),
         rate_limit=RateLimit.of(
             settings.api_rate_limit,

@@ -28,7 +28,7 @@ from streams.services import WorkerState
 from streams.settings import Settings
 from support.fakes import Stops, loop_for
 from topics.messages import InputMessage
-from topics.registry import MEMORY_EVENTS
+from topics.registry import DELETION_ACKS, DELETION_REQUESTS, MEMORY_EVENTS
 
 
 def msg(offset: int, partition: int = 0, size: int = 10, topic: str = "t") -> InputMessage:
@@ -133,6 +133,15 @@ def test_the_workers_recall_and_context_read_gather_their_batches_for_less_long(
     assert settings.group_consumer("conversation").limits.max_wait_seconds == 0.04
     assert settings.group_consumer("cache").limits.max_wait_seconds == 0.25
     assert settings.group_consumer("memory").limits.max_events == settings.batch_max_events
+
+
+def test_the_ledgers_requests_gather_for_as_short_as_the_projections_and_its_acks_do_not() -> None:
+    settings = Settings(batch_max_wait_seconds=0.25, projection_batch_max_wait_seconds=0.04)
+    assert settings.group_consumer("deletion", [DELETION_REQUESTS]).limits.max_wait_seconds == 0.04
+    assert settings.group_consumer("deletion", [DELETION_ACKS]).limits.max_wait_seconds == 0.25
+    both = [DELETION_REQUESTS, DELETION_ACKS]  # one consumer for both: the acks' pace
+    assert settings.group_consumer("deletion", both).limits.max_wait_seconds == 0.25
+    assert settings.group_consumer("deletion").limits.max_wait_seconds == 0.25
 
 
 # -- against the real broker -----------------------------------------------------------------

@@ -23,10 +23,10 @@ import psycopg
 from conftest import REPO, Env, settings_environment
 
 from projections.access import keys, purposes
-from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import Match
 from projections.migrate import migrate
 from streams.settings import Settings
+from support.embedders import vectors_of
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 
 T = TypeVar("T")
@@ -153,7 +153,7 @@ class ApiServer:
         self.env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
 
     def wait_indexed(self, tenant: str, subject: tuple[str, str], count: int) -> None:
-        store = LanceVectorStore(self.settings.vector_store_path, self.settings.embedding_dim)
+        store = vectors_of(self.settings)
         self.env.wait_until(
             lambda: len(store.find(Match(tenant_id=tenant, subject=subject))) >= count,
             f"{count} vectors of {tenant} {subject}",
