@@ -58,9 +58,8 @@ from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import Authoritative, MemoryUpdate, plan_index
 from projections.memory import store
 from projections.memory.reducer import reduce_batch
-from streams.api.services import build_services
 from streams.sample import EventFactory, to_message
-from streams.services import open_vector_store
+from streams.services import build_embedder, open_vector_store
 from streams.settings import Settings
 from topics.codec import EventCodec
 from topics.schemas import default_schemas
@@ -343,7 +342,7 @@ def main() -> None:
     settings = environment.settings
     server: Server | None = None
     try:
-        embedder = build_services(settings).embedder
+        embedder = build_embedder(settings)
         print(f"loading {args.memories} memories ({type(embedder).__name__})", file=sys.stderr)
         loaded = load(settings, embedder, args.memories, args.subjects)
         token = create_key(settings)
