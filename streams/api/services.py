@@ -70,7 +70,9 @@ class ApiServices:
         """The producer of proposals and deletion requests (each request awaits its own
         message's delivery), created on first use."""
         if self._producer is None:
-            self._producer = DeliveringProducer(self.settings.kafka)
+            self._producer = DeliveringProducer(
+                self.settings.kafka, self.settings.api_delivery_timeout_seconds
+            )
         return self._producer
 
     @cached_property

@@ -4,11 +4,13 @@ purpose, and validated by the contract's codec."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 
 from projections.access.proposals import PROPOSE
@@ -196,3 +198,23 @@ def test_bodies_the_codec_refuses_are_422_with_its_reason(
         assert answer.status_code == 422, answer.text
         assert answer.json()["error"]["code"] == code, answer.text
     assert produced(api) == before
+
+
+def test_an_undelivered_proposal_is_a_503_and_records_nothing(
+    api: ApiServer, serve_api: Callable[..., ApiServer], events: EventFactory
+) -> None:
+    tenant = api.tenant()
+    key = api.create_key(tenant, [PROPOSE], actor=ACTOR)
+    cut_off = serve_api(api.env, kafka_bootstrap="127.0.0.1:1", api_delivery_timeout_seconds=1.0)
+    proposal = events.proposed(tenant, "mem_lost", ALICE)
+    refused = post(cut_off, key.token, MEMORY_ROUTE, proposal)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "not_delivered"
+    with psycopg.connect(api.settings.postgres_dsn) as conn:
+        recorded = conn.execute(
+            "SELECT count(*) FROM api_proposals WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    assert recorded == (0,)
+    # The client's retry, to a server that reaches Kafka, is a first try.
+    retried = post(api, key.token, MEMORY_ROUTE, proposal)
+    assert (retried.status_code, retried.json()["status"]) == (202, "accepted"), retried.text
