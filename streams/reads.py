@@ -188,7 +188,8 @@ async def context_view(
             await _count_blocked(conn, "cache", Counter({"deleted": 1}))
             return None
         if cached is not None:
-            return dict(cached["view"])
+            # ``get_context`` answers the cached view itself (the entry's "view").
+            return dict(cached)
         if view is not None:
             owner_type, owner_id = view["owner"]
             await cache.put_context(tenant_id, conversation_id, (owner_type, owner_id), view)

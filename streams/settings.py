@@ -271,6 +271,12 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         262144, description="largest request body the API reads; a larger one is refused (413)"
     )
+    api_delivery_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="how long a proposal or deletion request waits for Kafka to take it; past "
+        "it the answer is 503 and nothing is recorded (the client retries)",
+    )
     api_audit_retention_seconds: float = Field(
         90 * 24 * 3600.0,
         description="read audit rows (api_read_audit) older than this are deleted by the "

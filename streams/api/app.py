@@ -19,7 +19,7 @@ from streams.api import errors
 from streams.api.auth import Services
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
-from streams.api.routes import conversations, memories
+from streams.api.routes import conversations, deletions, memories, proposals
 from streams.api.services import ApiServices
 from topics.api.models import Health
 
@@ -55,6 +55,9 @@ def create_app(services: ApiServices) -> FastAPI:
     errors.install(app)
     app.include_router(memories.router)
     app.include_router(conversations.router)
+    app.include_router(proposals.router)
+    app.include_router(deletions.router)
+    proposals.install_schemas(app)
     _add_probes(app)
     # add_middleware wraps what is already there: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=services.settings.api_max_body_bytes)

@@ -57,6 +57,7 @@ _DESCRIPTIONS = {
     422: "invalid parameters or body",
     429: "rate limit exceeded (Retry-After says when to retry)",
     500: "internal error",
+    503: "a dependency did not take the write (nothing was accepted): retry",
 }
 
 

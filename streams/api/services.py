@@ -1,6 +1,6 @@
 """What the API's routes use, built once at the entry point from Settings and handed to
 ``create_app``: the PostgreSQL pool, the Redis cache, the vector store and its embedder, the
-Kafka publisher, the metrics, the rate limit and the clock. ``start``/``aclose`` are the
+Kafka producer, the metrics, the rate limit and the clock. ``start``/``aclose`` are the
 application's lifespan."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from streams.api.limits import RateLimit
 from streams.api.metrics import ApiMetrics
-from streams.kafka import KafkaPublisher, admin_config
+from streams.kafka import DeliveringProducer, admin_config
 from streams.services import build_embedder, make_pool, open_vector_store
 from streams.settings import Settings
 
@@ -48,7 +48,7 @@ class ApiServices:
     rate_limit: RateLimit
     open_vectors: Callable[[], VectorStore]
     clock: Callable[[], datetime] = _now
-    _publisher: KafkaPublisher | None = field(default=None, repr=False)
+    _producer: DeliveringProducer | None = field(default=None, repr=False)
 
     @cached_property
     def cache(self) -> RedisCache:
@@ -66,11 +66,14 @@ class ApiServices:
         return self.open_vectors()
 
     @property
-    def publisher(self) -> KafkaPublisher:
-        """The producer of proposals and deletion requests, created on first use."""
-        if self._publisher is None:
-            self._publisher = KafkaPublisher(self.settings.kafka)
-        return self._publisher
+    def producer(self) -> DeliveringProducer:
+        """The producer of proposals and deletion requests (each request awaits its own
+        message's delivery), created on first use."""
+        if self._producer is None:
+            self._producer = DeliveringProducer(
+                self.settings.kafka, self.settings.api_delivery_timeout_seconds
+            )
+        return self._producer
 
     @cached_property
     def _admin(self) -> AdminClient:
@@ -88,8 +91,8 @@ class ApiServices:
     async def aclose(self) -> None:
         await self.pool.close()
         await self.redis.aclose()
-        if self._publisher is not None:
-            self._publisher.close()
+        if self._producer is not None:
+            self._producer.close()
 
     async def database_ready(self) -> str | None:
         """None if PostgreSQL answers; else why not (the class of the error only)."""
