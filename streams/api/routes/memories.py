@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
 from projections.bookkeeping import Conn
@@ -62,24 +63,44 @@ def blocked_of(blocked: Mapping[str, Counter[str]]) -> Blocked:
     return Blocked(total=sum(sum(r.values()) for r in stores.values()), stores=stores)
 
 
+@dataclass(frozen=True, slots=True)
+class ExactFilters:
+    """The exact filters recall and search share (each route has its own limit default)."""
+
+    scope: str | None
+    kind: str | None
+    status: list[Literal["verified", "proposed"]] | None
+    max_age_seconds: float | None
+
+
+def exact_filters(
+    scope: ScopeParam = None,
+    kind: KindParam = None,
+    status: StatusParam = None,
+    max_age_seconds: MaxAgeParam = None,
+) -> ExactFilters:
+    return ExactFilters(scope, kind, status, max_age_seconds)
+
+
+Filters = Annotated[ExactFilters, Depends(exact_filters)]
+
+
 def _query(
     principal: Principal,
     policy: PurposePolicy | None,
     subject: tuple[str, str],
-    scope: str | None,
-    kind: str | None,
-    status: list[Literal["verified", "proposed"]] | None,
-    max_age: float | None,
+    exact: ExactFilters,
     limit: int,
 ) -> RecallQuery:
-    filters = memory_filters(policy, kind=kind, scope=scope)
+    filters = memory_filters(policy, kind=exact.kind, scope=exact.scope)
+    max_age = exact.max_age_seconds
     return RecallQuery(
         tenant_id=principal.tenant_id,
         subject_type=subject[0],
         subject_id=subject[1],
-        scope=scope,
-        kind=kind,
-        statuses=tuple(dict.fromkeys(status)) if status else ("verified", "proposed"),
+        scope=exact.scope,
+        kind=exact.kind,
+        statuses=tuple(dict.fromkeys(exact.status)) if exact.status else ("verified", "proposed"),
         max_age=timedelta(seconds=max_age) if max_age is not None else None,
         limit=limit,
         kinds=filters.kinds,
@@ -112,26 +133,14 @@ async def recall(
     subject_type: Identifier,
     subject_id: Identifier,
     purpose: PurposeParam,
-    scope: ScopeParam = None,
-    kind: KindParam = None,
-    status: StatusParam = None,
-    max_age_seconds: MaxAgeParam = None,
+    exact: Filters,
     limit: LimitParam = 50,
 ) -> MemoryList:
     """Never revoked, superseded, expired, erased or another tenant's; newest observation
     first. Through the cache; every cached candidate is re-read through the projection."""
 
     async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
-        query = _query(
-            principal,
-            policy,
-            (subject_type, subject_id),
-            scope,
-            kind,
-            status,
-            max_age_seconds,
-            limit,
-        )
+        query = _query(principal, policy, (subject_type, subject_id), exact, limit)
         hydrated = await reads.recall(conn, services.cache, query, services.clock())
         return _answer(services, request, hydrated)
 
@@ -154,10 +163,7 @@ async def search(
     subject_id: Identifier,
     purpose: PurposeParam,
     text: Annotated[str, Query(min_length=1, max_length=4096)],
-    scope: ScopeParam = None,
-    kind: KindParam = None,
-    status: StatusParam = None,
-    max_age_seconds: MaxAgeParam = None,
+    exact: Filters,
     limit: LimitParam = 10,
 ) -> MemoryList:
     """The vector store proposes candidates (the tenant's and subject's only, filtered before
@@ -165,16 +171,7 @@ async def search(
     request's filters or purpose exclude are dropped; ``blocked`` counts the guard's drops."""
 
     async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
-        query = _query(
-            principal,
-            policy,
-            (subject_type, subject_id),
-            scope,
-            kind,
-            status,
-            max_age_seconds,
-            limit,
-        )
+        query = _query(principal, policy, (subject_type, subject_id), exact, limit)
         hydrated = await reads.recall_by_text(
             conn, services.vectors, services.embedder, query, text, services.clock()
         )
