@@ -16,13 +16,23 @@ event id is answered "duplicate" and produces nothing, and a failed delivery rec
 (the client retries). The one window left, a crash after the delivery and before the commit,
 leaves the event in Kafka unrecorded: the client, which never got its 202, retries and the
 event is produced again, which the workers' own event-id idempotency absorbs.
+
+A deletion request with an ``Idempotency-Key`` is accepted once per key the same way
+(``claim_deletion_request``, table ``api_deletion_requests``): the first request's deletion
+id is recorded with a digest of its body in the transaction that waits for its delivery; a
+retry with the same key and body is answered with that deletion id and publishes nothing,
+one with another body is refused (``IdempotencyKeyReused``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, cast, get_args
+from typing import Any, Final, cast, get_args
+
+import orjson
 
 from projections.access.policy import PolicyRefusal, check_purpose
 from projections.bookkeeping import Conn
@@ -87,3 +97,51 @@ async def accepted_at(conn: Conn, tenant_id: str, event_id: str) -> datetime | N
     )
     row = await cursor.fetchone()
     return row[0] if row is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedDeletion:
+    deletion_id: str
+    requested_at: datetime
+
+
+class IdempotencyKeyReused(ValueError):
+    """The idempotency key was used before for a deletion request with another body."""
+
+
+def request_digest(body: Mapping[str, Any]) -> bytes:
+    """A digest of a request body that does not depend on its keys' order or spacing."""
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+async def claim_deletion_request(
+    conn: Conn,
+    tenant_id: str,
+    key_id: str,
+    idempotency_key: str,
+    digest: bytes,
+    fresh: AcceptedDeletion,
+) -> AcceptedDeletion | None:
+    """Record ``fresh`` as the deletion of this idempotency key, inside the caller's
+    transaction: None if it is the first (the caller publishes it and commits), else the
+    deletion recorded before (publish nothing). A concurrent request with the same key waits
+    on the row until the first commits or rolls back. ``IdempotencyKeyReused`` if the key
+    was used for another body."""
+    cursor = await conn.execute(
+        "INSERT INTO api_deletion_requests"
+        " (tenant_id, key_id, idempotency_key, body_digest, deletion_id, requested_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (tenant_id, key_id, idempotency_key, digest, fresh.deletion_id, fresh.requested_at),
+    )
+    if cursor.rowcount == 1:
+        return None
+    cursor = await conn.execute(
+        "SELECT body_digest, deletion_id, requested_at FROM api_deletion_requests"
+        " WHERE tenant_id = %s AND key_id = %s AND idempotency_key = %s",
+        (tenant_id, key_id, idempotency_key),
+    )
+    row = await cursor.fetchone()
+    assert row is not None  # the conflict was with this committed row
+    if bytes(row[0]) != digest:
+        raise IdempotencyKeyReused(idempotency_key)
+    return AcceptedDeletion(row[1], row[2])

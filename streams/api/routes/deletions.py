@@ -1,20 +1,38 @@
 """Deletions: request one for the key's tenant (published to ``deletion.requests`` as
 ``memproj delete`` publishes it, with the same builder) and follow its per-store status in the
 deletion ledger. Both need the key's ``delete`` purpose; a deletion id of another tenant is
-a 404, as one that does not exist."""
+a 404, as one that does not exist.
+
+A client that may retry sends an ``Idempotency-Key`` header: the first request with a key is
+published and its deletion id recorded in the transaction that waits for the delivery
+(``projections.access.proposals.claim_deletion_request``); a retry with the same key and body
+gets the same answer and publishes nothing; the same key with another body is a 422. Without
+the header, every request is a new deletion."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Header, Path
 
-from projections.access.proposals import DELETE, key_actor
+from projections.access.proposals import (
+    DELETE,
+    AcceptedDeletion,
+    IdempotencyKeyReused,
+    claim_deletion_request,
+    key_actor,
+    request_digest,
+)
 from projections.deletion import queries
-from streams.api.auth import CurrentPrincipal, Services
+from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
-from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
+from streams.api.services import ApiServices
+from streams.deletion_requests import (
+    DeletionRequest,
+    InvalidDeletionRequest,
+    build_deletion_request,
+)
 from streams.kafka import PublishFailed
 from topics.api.writes import DeletionAccepted, DeletionProgress, DeletionRequestBody
 from topics.registry import DELETION_REQUESTS
@@ -22,6 +40,17 @@ from topics.registry import DELETION_REQUESTS
 router = APIRouter(prefix="/v1", tags=["deletions"])
 
 DeletionId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
+        description="makes retries safe: a retry with the same key and body answers the first "
+        "request's deletion id and publishes nothing; the same key with another body is a 422",
+    ),
+]
 
 
 @router.post(
@@ -33,15 +62,45 @@ DeletionId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00
     operation_id="request_deletion",
 )
 async def request_deletion(
-    services: Services, principal: CurrentPrincipal, body: DeletionRequestBody
+    services: Services,
+    principal: CurrentPrincipal,
+    body: DeletionRequestBody,
+    idempotency_key: IdempotencyKey = None,
 ) -> DeletionAccepted:
     """Erase a subject, delete a conversation or erase a memory of the key's tenant, with
     everything derived from it. 202: the request is in Kafka; the deletion worker records it
     in its ledger and fans it out to every store (follow it at ``status_url``)."""
     principal.check_purpose(DELETE)
+    request = deletion_request(services, principal, body)
+    if idempotency_key is None:
+        await deliver(services, request)
+        return accepted(principal.tenant_id, request.deletion_id, request.requested_at)
+    digest = request_digest(body.model_dump(mode="json"))
+    fresh = AcceptedDeletion(request.deletion_id, request.requested_at)
+    async with services.pool.connection() as conn, conn.transaction():
+        try:
+            first = await claim_deletion_request(
+                conn, principal.tenant_id, principal.key_id, idempotency_key, digest, fresh
+            )
+        except IdempotencyKeyReused:
+            raise ApiError(
+                422,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for a deletion request with another body",
+            ) from None
+        if first is not None:
+            return accepted(principal.tenant_id, first.deletion_id, first.requested_at)
+        # A failed delivery leaves the block and rolls the claim back: the retry is a first try.
+        await deliver(services, request)
+    return accepted(principal.tenant_id, request.deletion_id, request.requested_at)
+
+
+def deletion_request(
+    services: ApiServices, principal: Principal, body: DeletionRequestBody
+) -> DeletionRequest:
     deadline = timedelta(seconds=body.deadline_seconds) if body.deadline_seconds else None
     try:
-        request = build_deletion_request(
+        return build_deletion_request(
             principal.tenant_id,
             body.target.model_dump(exclude_none=True),
             body.reason,
@@ -51,16 +110,22 @@ async def request_deletion(
         )
     except InvalidDeletionRequest as exc:
         raise ApiError(422, "invalid_request", str(exc)) from None
+
+
+async def deliver(services: ApiServices, request: DeletionRequest) -> None:
     topic = services.settings.topics.name(DELETION_REQUESTS)
     try:
         await services.producer.deliver(topic, request.key, request.value)
     except PublishFailed:
         raise ApiError(503, "not_delivered", "Kafka did not take the request: retry") from None
+
+
+def accepted(tenant_id: str, deletion_id: str, requested_at: datetime) -> DeletionAccepted:
     return DeletionAccepted(
-        deletion_id=request.deletion_id,
-        tenant_id=request.tenant_id,
-        requested_at=request.requested_at,
-        status_url=f"/v1/deletions/{request.deletion_id}",
+        deletion_id=deletion_id,
+        tenant_id=tenant_id,
+        requested_at=requested_at,
+        status_url=f"/v1/deletions/{deletion_id}",
     )
 
 

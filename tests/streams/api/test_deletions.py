@@ -117,3 +117,36 @@ def test_deletion_requests_need_the_delete_purpose_and_a_valid_target(
         refused = client.get("/v1/deletions/del-x")
     assert refused.status_code == 403
     assert end_offsets(api.settings.kafka_bootstrap, topic) == before
+
+
+def test_a_retried_deletion_with_an_idempotency_key_is_published_once(api: ApiServer) -> None:
+    tenant = api.tenant()
+    deleter = api.create_key(tenant, [DELETE], actor=ACTOR)
+    other_key = api.create_key(tenant, [DELETE], actor=ACTOR)
+    topic = api.env.topic(DELETION_REQUESTS)
+    before = end_offsets(api.settings.kafka_bootstrap, topic)
+    body = {"target": {"type": "memory", "id": "m1"}, "reason": "user asked"}
+    retry = {"Idempotency-Key": "req-7f3a"}
+
+    def post(token: str, json: dict[str, Any], headers: dict[str, str]) -> Any:
+        with api.client(token) as client:
+            return client.post("/v1/deletions", json=json, headers=headers)
+
+    first = post(deleter.token, body, retry)
+    assert first.status_code == 202, first.text
+    # The same body with its keys in another order is the same request.
+    again = post(deleter.token, {"reason": "user asked", "target": body["target"]}, retry)
+    assert again.status_code == 202, again.text
+    assert again.json() == first.json()
+    published = sum(end_offsets(api.settings.kafka_bootstrap, topic).values())
+    assert published - sum(before.values()) == 1
+
+    reused = post(deleter.token, {**body, "reason": "something else"}, retry)
+    assert (reused.status_code, reused.json()["error"]["code"]) == (422, "idempotency_key_reused")
+    # Another key's idempotency keys are its own; no key, a new deletion each time.
+    separate = post(other_key.token, body, retry)
+    unkeyed = [post(deleter.token, body, {}) for _ in range(2)]
+    ids = {answer.json()["deletion_id"] for answer in (first, separate, *unkeyed)}
+    assert len(ids) == 4
+    published = sum(end_offsets(api.settings.kafka_bootstrap, topic).values())
+    assert published - sum(before.values()) == 4
