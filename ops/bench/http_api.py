@@ -23,7 +23,8 @@
    memories warms the connection and the vector store up, unmeasured.
 4. CPU per request, from /proc over each phase: the server process, this run's PostgreSQL
    backends (by ``application_name``), and the client. On a shared 2-core machine read the
-   ratios between phases and the CPU per request, not the absolute latencies alone.
+   ratios between phases and the CPU per request, not the absolute latencies alone. And the
+   server's peak resident memory over the run (``VmHWM``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import psycopg
 # ops/bench/*.py, beside this script
 from cpu_time import CpuMeter, StackProcesses
 from environment import application_prefix, drop, isolated, percentile, prepare, rounded_ms
+from rss import peak_rss_mb
 
 from projections.access import keys, purposes
 from projections.deletion.erasure import NO_ERASURES
@@ -383,6 +385,9 @@ def main() -> None:
             "load_seconds": loaded,
             "stack_missing": stack.missing,
             "phases": measure(server, token, stack, plan),
+            # The kernel's high-water mark over the whole run: what a replica's memory
+            # request and limit are sized by (ops/k8s/api.yaml).
+            "server_peak_rss_mb": round(peak_rss_mb(server.process.pid) or 0.0, 1),
         }
     finally:
         if server is not None:

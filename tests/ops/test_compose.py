@@ -1,24 +1,42 @@
 """docker-compose.yml cannot run here (no Docker engine), so its consistency with the native
-stack is checked by reading it: ports, variables, workers and scrape targets."""
+stack is checked by reading it: the Compose Specification's schema, ports, variables, workers,
+the API and scrape targets. The health checks are commands: those run here, against a real
+``memproj serve`` and a real embeddings worker on the stack.
+
+compose-spec.json is the Compose Specification's JSON schema (github.com/compose-spec/
+compose-spec, schema/compose-spec.json of 2025-10-28, commit 170098b; Apache License 2.0,
+compose-spec.LICENSE beside it): what ``docker compose config`` validates a file against."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import click
+import jsonschema  # type: ignore[import-untyped]
+import pytest
 import yaml
+from conftest import Env
 
+from streams.api.app import create_app
+from streams.api.services import build_services
+from streams.cli import cli
 from streams.cli.deployment import scrape_targets
 from streams.settings import Settings
 from streams.worker import METRICS_PORTS, WORKER_KINDS
+from support.api_server import free_port, serving
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 STACK = (REPO / "ops" / "stack").read_text()
+COMPOSE_SPEC = json.loads((Path(__file__).parent / "compose-spec.json").read_text())
+API = SERVICES["memproj-api"]
 
 
 def stack_default(variable: str) -> int:
@@ -65,10 +83,27 @@ def test_every_memproj_variable_is_a_setting_and_points_at_a_compose_service() -
     assert "MEMPROJ_TOPIC_PREFIX" not in environment
 
 
+def scrape_jobs(config: str) -> dict[str, dict[str, Any]]:
+    prometheus = yaml.safe_load((REPO / "ops" / "prometheus" / config).read_text())
+    return {job["job_name"]: job for job in prometheus["scrape_configs"]}
+
+
+def test_the_file_validates_against_the_compose_specification() -> None:
+    # As `docker compose config` would: a misspelt key or a value of the wrong shape fails.
+    jsonschema.Draft7Validator.check_schema(COMPOSE_SPEC)
+    errors = [
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in jsonschema.Draft7Validator(COMPOSE_SPEC).iter_errors(COMPOSE)
+    ]
+    assert not errors, errors
+    # The schema catches what a typo makes of a service (the test of this test).
+    broken = {"services": {"api": {"image": "memproj:local", "helthcheck": {}}}}
+    assert not jsonschema.Draft7Validator(COMPOSE_SPEC).is_valid(broken)
+
+
 def test_every_worker_kind_runs_with_its_metrics_port_and_is_scraped() -> None:
-    prometheus = yaml.safe_load((REPO / "ops/prometheus/prometheus.docker.yml").read_text())
-    discovered = [job["file_sd_configs"][0]["files"] for job in prometheus["scrape_configs"]]
-    assert discovered == [["targets/*.json"]]
+    jobs = scrape_jobs("prometheus.docker.yml")
+    assert jobs["memproj"]["file_sd_configs"] == [{"files": ["targets/*.json"]}]
     mounted = {c["source"]: c["target"] for c in SERVICES["prometheus"]["configs"]}
     assert mounted == {"memproj-targets": "/etc/prometheus/targets/memproj.json"}
     targets = json.loads(COMPOSE["configs"]["memproj-targets"]["content"])
@@ -88,3 +123,108 @@ def test_grafana_and_prometheus_are_provisioned_from_ops() -> None:
     for volume in SERVICES["prometheus"]["volumes"] + SERVICES["grafana"]["volumes"]:
         source = volume.split(":")[0]
         assert (REPO / source).exists(), f"{source} is mounted but missing"
+
+
+# -- the HTTP API (memproj serve) ------------------------------------------------------------
+
+
+def container_ports(service: dict[str, Any]) -> set[int]:
+    return {int(mapping.rsplit(":", 1)[1]) for mapping in service.get("ports", [])}
+
+
+def healthcheck_script(service: dict[str, Any]) -> str:
+    """The Python a health check runs (the image has Python, not curl)."""
+    cmd, python, flag, script = service["healthcheck"]["test"]
+    assert (cmd, python, flag) == ("CMD", "python", "-c")
+    return str(script)
+
+
+def test_the_api_serves_beyond_loopback_on_its_published_port_and_is_scraped() -> None:
+    environment = API["environment"]
+    assert API["command"] == ["serve"]
+    assert cli.get_command(click.Context(cli), "serve") is not None
+    # Inside its container: 127.0.0.1 would refuse every connection from outside it.
+    assert environment["MEMPROJ_API_HOST"] == "0.0.0.0"
+    port = int(environment["MEMPROJ_API_PORT"])
+    assert container_ports(API) == {port}
+    assert host_ports("memproj-api") == {port}
+    # The workers' settings too (the same anchor), and so the same services.
+    assert environment.items() >= SERVICES["memproj-memory"]["environment"].items()
+    (api_job,) = scrape_jobs("prometheus.docker.yml")["memproj-api"]["dns_sd_configs"]
+    # Every replica of the service, on the API's port (its /metrics).
+    assert api_job == {"names": ["memproj-api"], "type": "A", "port": port}
+    local_job = scrape_jobs("prometheus.yml")["memproj-api"]["static_configs"]
+    default_port = Settings.model_fields["api_port"].default
+    assert local_job == [{"targets": [f"127.0.0.1:{default_port}"]}]
+
+
+def test_replicas_of_the_api_share_the_rate_limit_in_redis() -> None:
+    environment = API["environment"]
+    assert environment["MEMPROJ_API_RATE_LIMIT_STORAGE"] == "redis"
+    assert urlsplit(environment["MEMPROJ_REDIS_URL"]).hostname == "redis"
+
+
+def test_the_api_reads_the_vector_store_read_only_once_the_embeddings_worker_made_it() -> None:
+    data_dir = API["environment"]["MEMPROJ_DATA_DIR"]
+    # The embeddings worker's volume (where it writes MEMPROJ_DATA_DIR/lancedb), read-only.
+    assert "memproj-data:/data" in SERVICES["memproj-embeddings"]["volumes"]
+    assert API["volumes"] == [f"memproj-data:{data_dir}:ro"]
+    assert API["depends_on"] == {
+        "memproj-init": {"condition": "service_completed_successfully"},
+        # Read-only, the API cannot create the table: the worker has, once it is healthy
+        # (test_the_embeddings_worker_is_healthy_once_its_vector_store_exists).
+        "memproj-embeddings": {"condition": "service_healthy"},
+    }
+    # memproj-init waits for healthy Kafka, PostgreSQL and Redis, as for every worker.
+    assert SERVICES["memproj-init"]["depends_on"] == {
+        name: {"condition": "service_healthy"} for name in ("kafka", "postgres", "redis")
+    }
+
+
+def test_the_health_checks_probe_routes_that_exist() -> None:
+    # The API's is run for real below (ready or not); here, that its route exists.
+    assert "/readyz" in healthcheck_script(API) and "MEMPROJ_API_PORT" in healthcheck_script(API)
+    app = create_app(build_services(Settings()))
+    routes = {getattr(route, "path", None) for route in app.routes}
+    assert {"/readyz", "/healthz", "/metrics"} <= routes
+    embeddings = healthcheck_script(SERVICES["memproj-embeddings"])
+    assert f"http://127.0.0.1:{METRICS_PORTS['embeddings']}/healthz" in embeddings
+
+
+def run_healthcheck(service: dict[str, Any], environment: dict[str, str]) -> int:
+    """The service's health check as Docker runs it in the container, with this venv's python
+    (the image's is on PATH as `python`)."""
+    command = [sys.executable, "-c", healthcheck_script(service)]
+    return subprocess.run(
+        command, env=environment, capture_output=True, check=False, timeout=30
+    ).returncode
+
+
+@pytest.mark.integration
+def test_the_api_health_check_passes_only_while_the_api_is_ready(env: Env) -> None:
+    with serving(env) as server:
+        assert run_healthcheck(API, {"MEMPROJ_API_PORT": str(server.port)}) == 0
+    # Nothing listening: a container whose server died is unhealthy.
+    assert run_healthcheck(API, {"MEMPROJ_API_PORT": str(server.port)}) != 0
+    # Serving, but Kafka is unreachable: /readyz answers 503, which fails the check.
+    with serving(env, kafka_bootstrap="127.0.0.1:1") as unready:
+        assert run_healthcheck(API, {"MEMPROJ_API_PORT": str(unready.port)}) != 0
+
+
+@pytest.mark.integration
+def test_the_embeddings_worker_is_healthy_once_its_vector_store_exists(env: Env) -> None:
+    port = free_port()
+    worker = env.worker("embeddings", metrics_port=port)
+    # The compose command, on this worker's port instead of the kind's fixed one.
+    script = healthcheck_script(SERVICES["memproj-embeddings"])
+    fixed = f":{METRICS_PORTS['embeddings']}/"
+    assert fixed in script
+    service = {"healthcheck": {"test": ["CMD", "python", "-c", script.replace(fixed, f":{port}/")]}}
+
+    def healthy() -> bool:
+        assert worker.alive(), f"the embeddings worker exited:\n{worker.log_tail()}"
+        return run_healthcheck(service, {}) == 0
+
+    env.wait_until(healthy, "the embeddings worker's health check")
+    table = env.settings.vector_store_path / "embeddings.lance"
+    assert table.is_dir(), "healthy before its vector store's table exists"

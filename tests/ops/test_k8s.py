@@ -1,6 +1,7 @@
 """The Kubernetes manifests (ops/k8s, a kustomize base) checked without a cluster: every
-manifest against the Kubernetes schemas that kubernetes-validate ships, and every worker kind
-of the registry against its Deployment (command, port, probes, settings, shutdown bound)."""
+manifest against the Kubernetes schemas that kubernetes-validate ships, every worker kind
+of the registry against its Deployment (command, port, probes, settings, shutdown bound), and
+the HTTP API's Deployment, Service and budget against ``memproj serve`` and its settings."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version  # type: ignore[import-untyped]
 
+from streams.api.app import create_app
+from streams.api.services import build_services
 from streams.cli import cli
 from streams.settings import SECRET_FILE_SETTINGS, Settings, split_dsn_password
 from streams.worker import METRICS_PORTS, WORKER_KINDS
@@ -32,7 +35,10 @@ KUBERNETES_VERSIONS = ("1.30.0", latest_version())
 # worker's verification probe and the monitor's ghost audit (both through stores.open_all).
 VECTOR_STORE_KINDS = {"embeddings", "deletion", "monitor"}
 SECRETS_MOUNT = "/var/run/secrets/memproj"
+API = "memproj-api"  # the HTTP API's Deployment, Service and PodDisruptionBudget (api.yaml)
 MEMORY_LIMIT_BYTES = 512 * 2**20  # issue 17: a worker's RSS target is 300 MB
+# The API is no worker: its bound is its measured peak (803 MB at 100,000 memories) and a margin.
+API_MEMORY_LIMIT_BYTES = 2**30
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -124,7 +130,7 @@ def probe_port(container: dict[str, Any], probe: str) -> int:
 
 def test_every_worker_kind_has_a_deployment_with_its_command_port_and_probes() -> None:
     deployed = {doc["metadata"]["name"] for doc in ALL if doc["kind"] == "Deployment"}
-    assert deployed == {f"memproj-{kind}" for kind in WORKER_KINDS}
+    assert deployed == {f"memproj-{kind}" for kind in WORKER_KINDS} | {API}
     for kind in WORKER_KINDS:
         spec = deployment(kind)["spec"]
         assert (
@@ -187,7 +193,7 @@ def test_every_worker_deployment_is_the_same_but_for_its_own_parts() -> None:
 
 def test_every_worker_kind_has_a_disruption_budget_for_its_pods() -> None:
     budgets = {doc["metadata"]["name"] for doc in ALL if doc["kind"] == "PodDisruptionBudget"}
-    assert budgets == {f"memproj-{kind}" for kind in WORKER_KINDS}
+    assert budgets == {f"memproj-{kind}" for kind in WORKER_KINDS} | {API}
     for kind in WORKER_KINDS:
         budget = the("PodDisruptionBudget", f"memproj-{kind}")["spec"]
         assert budget["selector"] == deployment(kind)["spec"]["selector"]
@@ -272,14 +278,26 @@ def test_every_pod_runs_unprivileged_on_a_read_only_root_within_its_limits() -> 
             assert {"cpu", "memory"} <= set(resources["requests"]), name
             assert {"cpu", "memory"} <= set(resources["limits"]), name
             limit = memory_bytes(resources["limits"]["memory"])
-            assert memory_bytes(resources["requests"]["memory"]) <= limit <= MEMORY_LIMIT_BYTES
+            bound = API_MEMORY_LIMIT_BYTES if name == API else MEMORY_LIMIT_BYTES
+            assert memory_bytes(resources["requests"]["memory"]) <= limit <= bound, name
             # The root is read-only: the data directory and /tmp are writable volumes.
             paths = {mount["mountPath"] for mount in container["volumeMounts"]}
             assert {data_dir, "/tmp"} <= paths, name
 
 
+VECTOR_STORE = str(Settings(data_dir=Path(CONFIG["MEMPROJ_DATA_DIR"])).vector_store_path)
+
+
+def on_the_embeddings_node(pod: dict[str, Any]) -> None:
+    """ReadWriteOnce: a reader of memproj-vectors must run on the node that mounts the claim."""
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    writer = deployment("embeddings")["spec"]
+    assert term["labelSelector"]["matchLabels"] == writer["selector"]["matchLabels"]
+
+
 def test_the_vector_store_has_one_writer_and_is_shared_with_its_readers() -> None:
-    vector_store = str(Settings(data_dir=Path(CONFIG["MEMPROJ_DATA_DIR"])).vector_store_path)
+    vector_store = VECTOR_STORE
     claim = the("PersistentVolumeClaim", "memproj-vectors")
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     writer = deployment("embeddings")["spec"]
@@ -301,12 +319,7 @@ def test_the_vector_store_has_one_writer_and_is_shared_with_its_readers() -> Non
         assert mounted[vector_store] == "memproj-vectors", kind
         assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, kind
         if kind != "embeddings":
-            # ReadWriteOnce: the readers must run on the node that mounts the claim.
-            (term,) = pod["affinity"]["podAffinity"][
-                "requiredDuringSchedulingIgnoredDuringExecution"
-            ]
-            assert term["topologyKey"] == "kubernetes.io/hostname"
-            assert term["labelSelector"]["matchLabels"] == writer["selector"]["matchLabels"]
+            on_the_embeddings_node(pod)
 
 
 def test_the_init_job_creates_the_topics_then_applies_the_migrations() -> None:
@@ -318,3 +331,112 @@ def test_the_init_job_creates_the_topics_then_applies_the_migrations() -> None:
     for _memproj, group, name in commands:
         command = cli.get_command(context, group)
         assert isinstance(command, click.Group) and command.get_command(context, name), group
+
+
+# -- the HTTP API (api.yaml) ----------------------------------------------------------------
+
+
+def api_pod() -> dict[str, Any]:
+    return the("Deployment", API)["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def api_container() -> dict[str, Any]:
+    (container,) = api_pod()["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def http_port(container: dict[str, Any]) -> int:
+    (port,) = [port for port in container["ports"] if port["name"] == "http"]
+    return int(port["containerPort"])
+
+
+def test_the_api_runs_memproj_serve_beyond_loopback_on_the_configured_port() -> None:
+    container = api_container()
+    assert container["command"] == ["memproj", "serve"]
+    assert cli.get_command(click.Context(cli), "serve") is not None
+    # From the ConfigMap, as every setting: serve reads MEMPROJ_API_HOST and _PORT.
+    assert "env" not in container
+    assert CONFIG["MEMPROJ_API_HOST"] == "0.0.0.0"
+    port = int(CONFIG["MEMPROJ_API_PORT"])
+    assert http_port(container) == port
+    template = the("Deployment", API)["spec"]["template"]
+    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "api"
+    # The API serves its own /metrics on its port (the same pod-role scrape as the workers).
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def test_the_api_probes_its_own_health_routes() -> None:
+    container = api_container()
+    routes = {
+        getattr(route, "path", None) for route in create_app(build_services(Settings())).routes
+    }
+    for probe, path in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ]:
+        assert container[probe]["httpGet"]["path"] == path, probe
+        assert probe_port(container, probe) == http_port(container), probe
+        assert path in routes
+    assert "/metrics" in routes
+
+
+def test_the_api_has_replicas_that_roll_over_and_drain_one_at_a_time() -> None:
+    spec = the("Deployment", API)["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    budget = the("PodDisruptionBudget", API)["spec"]
+    assert budget["selector"] == spec["selector"]
+    # A drain may evict, and one replica always keeps serving.
+    assert 1 <= budget["maxUnavailable"] < spec["replicas"]
+
+
+def test_replicas_of_the_api_share_the_rate_limit_in_redis() -> None:
+    assert CONFIG["MEMPROJ_API_RATE_LIMIT_STORAGE"] == "redis"
+    assert "MEMPROJ_REDIS_URL" in CONFIG
+    # A value the limits library parses (as the API does at start).
+    services = build_services(
+        Settings(api_rate_limit=CONFIG["MEMPROJ_API_RATE_LIMIT"], api_rate_limit_storage="memory")
+    )
+    assert services.rate_limit is not None
+
+
+def test_the_service_sends_its_port_to_the_api_pods() -> None:
+    service = the("Service", API)["spec"]
+    assert service["type"] == "ClusterIP"
+    assert service["selector"] == the("Deployment", API)["spec"]["selector"]["matchLabels"]
+    (port,) = service["ports"]
+    named = {p["name"]: p["containerPort"] for p in api_container()["ports"]}
+    assert named[port["targetPort"]] == int(CONFIG["MEMPROJ_API_PORT"])
+    services = [doc["metadata"]["name"] for doc in ALL if doc["kind"] == "Service"]
+    assert services == [API]
+
+
+def test_the_api_reads_the_vector_store_read_only_on_the_embeddings_node() -> None:
+    pod = api_pod()
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    (mount,) = [m for m in api_container()["volumeMounts"] if m["mountPath"] == VECTOR_STORE]
+    assert claims[mount["name"]] == "memproj-vectors"
+    # Search reads the store; only the embeddings worker writes it.
+    assert mount["readOnly"] is True
+    on_the_embeddings_node(pod)
+
+
+def test_the_api_grace_period_outlasts_its_longest_request() -> None:
+    pod = api_pod()
+    stop_delay = api_container()["lifecycle"]["preStop"]["sleep"]["seconds"]
+    default = Settings.model_fields["api_delivery_timeout_seconds"].default
+    delivery = float(CONFIG.get("MEMPROJ_API_DELIVERY_TIMEOUT_SECONDS", default))
+    assert pod["terminationGracePeriodSeconds"] > stop_delay + delivery
