@@ -75,20 +75,24 @@ async def lock_offsets(
     for topic, partition in sorted(set(positions)):
         topics.append(topic)
         partitions.append(partition)
-    await conn.execute(
-        "INSERT INTO projection_offsets (projection, topic, partition, next_offset)"
-        " SELECT %s, t, p, coalesce((SELECT h.next_offset FROM projection_offsets h"
-        "  WHERE h.projection = %s AND h.topic = t AND h.partition = p), 0)"
-        " FROM unnest(%s::text[], %s::integer[]) AS x(t, p)"
-        " ON CONFLICT DO NOTHING",
-        (projection, inherit_from, topics, partitions),
-    )
-    cursor = await conn.execute(
-        "SELECT o.topic, o.partition, o.next_offset FROM projection_offsets o"
-        " JOIN unnest(%s::text[], %s::integer[]) AS x(topic, partition) USING (topic, partition)"
-        " WHERE o.projection = %s ORDER BY 1, 2 FOR UPDATE OF o",
-        (topics, partitions, projection),
-    )
+    # Two statements (the lock must see the rows the insert made), one round trip: on every
+    # batch's path, where a round trip waits for a core (ops/decisions/freshness.md).
+    async with conn.pipeline():
+        await conn.execute(
+            "INSERT INTO projection_offsets (projection, topic, partition, next_offset)"
+            " SELECT %s, t, p, coalesce((SELECT h.next_offset FROM projection_offsets h"
+            "  WHERE h.projection = %s AND h.topic = t AND h.partition = p), 0)"
+            " FROM unnest(%s::text[], %s::integer[]) AS x(t, p)"
+            " ON CONFLICT DO NOTHING",
+            (projection, inherit_from, topics, partitions),
+        )
+        cursor = await conn.execute(
+            "SELECT o.topic, o.partition, o.next_offset FROM projection_offsets o"
+            " JOIN unnest(%s::text[], %s::integer[]) AS x(topic, partition)"
+            " USING (topic, partition)"
+            " WHERE o.projection = %s ORDER BY 1, 2 FOR UPDATE OF o",
+            (topics, partitions, projection),
+        )
     return {(str(row[0]), int(row[1])): int(row[2]) for row in await cursor.fetchall()}
 
 
@@ -274,6 +278,8 @@ async def claim_processed(conn: Conn, projection: str, processed: Sequence[Proce
 
 
 async def record_rejections(conn: Conn, projection: str, rows: Sequence[RejectionRow]) -> None:
+    if not rows:  # most batches: two round trips saved
+        return
     columns = (
         "projection", "tenant_id", "entity_id", "subject_type", "subject_id", "event_id",
         "event_type", "reason", "details", "occurred_at", "topic", "partition", '"offset"',

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -499,11 +500,14 @@ class Scanner:
         raise AssertionError("a match of no rule")  # pragma: no cover
 
     def redact_bytes(self, data: bytes, found: Redactions) -> bytes:
-        scan = Scan(self, found)
         search = self._regex.search
+        match = search(data, 0)
+        if match is None:
+            return data  # most text: one search, nothing set up for handlers
+        scan = Scan(self, found)
         pieces: list[bytes] = []
         copied = position = 0
-        while (match := search(data, position)) is not None:
+        while match is not None:
             result = self._handler(match)(match, scan)
             if isinstance(result, bytes):
                 pieces.append(data[copied : match.start(0)])
@@ -513,6 +517,7 @@ class Scanner:
                 position = match.end(0)
             else:
                 position = result
+            match = search(data, position)
         if not pieces:
             return data
         pieces.append(data[copied:])
@@ -566,6 +571,9 @@ def _snake(name: str) -> str:
     return "".join(chars)
 
 
+# Cached: every string of every memory value asks it of its field's name, and names repeat
+# ("text", "note"); bounded, since the names come from input.
+@functools.lru_cache(maxsize=4096)
 def field_kind(field_name: str) -> str | None:
     """The kind of secret a JSON field of this name holds, if its name says it holds one
     (``"authorization"`` for an Authorization header value: its scheme decides)."""

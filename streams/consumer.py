@@ -9,8 +9,9 @@ PostgreSQL skip a redelivery).
 
 Bounds: a batch holds at most ``max_events`` messages and ``max_bytes`` of keys and values
 (what a consume returns beyond that waits for the next batch), and librdkafka's prefetch
-queue holds at most ``max_events`` messages or ``max_bytes``. With the batch being applied
-and the one queued behind it (``BatchLoop``), a worker holds about four batches' worth.
+queue holds at most ``max_events`` messages or ``max_bytes``. With the batch being applied,
+the one being published and the one queued behind them (``BatchLoop``), a worker holds about
+five batches' worth.
 
 Rebalances (``cooperative-sticky``: a joining member takes partitions without the others
 stopping) run in the consumer's thread, inside ``consume``. Before a revoked partition is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,70 @@ class KafkaPublisher:
 
     def close(self) -> None:
         self._producer.flush(10)
+
+
+class DeliveringProducer:
+    """Produces one message at a time from asyncio code and awaits its delivery: what the
+    HTTP API's writes answer only once the broker has the message. A thread of its own serves
+    librdkafka's delivery callbacks (``poll``), each resolving its message's future on the
+    caller's event loop, so that no caller waits for other callers' messages (as a ``flush``
+    would). librdkafka gives up on a message after ``delivery_timeout`` seconds, and
+    ``deliver`` waits at most that long (a bit more): a failed or timed-out delivery raises
+    ``PublishFailed``."""
+
+    def __init__(
+        self, bootstrap: KafkaTarget, delivery_timeout: float = 30.0, **overrides: object
+    ) -> None:
+        self._timeout = delivery_timeout
+        self._producer = Producer(
+            producer_config(
+                bootstrap,
+                **{"linger.ms": 1, "delivery.timeout.ms": int(delivery_timeout * 1000)},
+                **overrides,
+            )
+        )
+        self._closing = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="kafka-delivery", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._closing.is_set():
+            self._producer.poll(0.1)
+
+    async def deliver(
+        self, topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        delivered: asyncio.Future[KafkaError | None] = loop.create_future()
+
+        def settle(error: KafkaError | None) -> None:
+            if not delivered.done():
+                delivered.set_result(error)
+
+        def on_delivery(error: KafkaError | None, _message: object) -> None:
+            loop.call_soon_threadsafe(settle, error)
+
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, key, headers=list(headers), on_delivery=on_delivery
+                )
+                break
+            except BufferError:  # the local queue is full: the poller drains it
+                await asyncio.sleep(0.01)
+            except KafkaException as exc:  # refused at once (too large, unknown topic, ...)
+                raise PublishFailed(f"not produced to {topic}: {exc.args[0].str()}") from None
+        try:
+            error = await asyncio.wait_for(delivered, self._timeout + 5.0)
+        except TimeoutError:
+            raise PublishFailed(f"not delivered to {topic} within {self._timeout}s") from None
+        if error is not None:
+            raise PublishFailed(f"not delivered to {topic}: {error.str()}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closing.set()
+        self._poller.join()
+        self._producer.flush(timeout)
 
 
 @dataclass(frozen=True, slots=True)

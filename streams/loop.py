@@ -20,9 +20,19 @@ hands over while the writer is busy wait together, and the writer applies them a
 writer's next transaction holds whatever arrived meanwhile instead of a queue of small ones,
 each paying a transaction's fixed cost (ops/decisions/freshness.md).
 
-At shutdown (``drain``) the loop takes no new batch: the batch being applied finishes
-(committed, published, acknowledged) or, past the deadline, is cancelled, which rolls its
-transaction back; a batch queued behind it was never started and is redelivered.
+A handler that commits in two steps (``CommittingHandler``: the projection runners) has
+batch N's outputs published while batch N + 1's transaction runs: the publication was on
+the writer's path, and a batch's events are visible at its commit, not at its publication.
+Publications run one at a time, in the order of the commits (an entity's outputs keep their
+order), and a batch is acknowledged only once its outputs are delivered: a revoked partition
+is given up only after them, so its next owner's outputs come after. A crash between a
+commit and its publication leaves the outbox rows in PostgreSQL, published at the next start.
+A worker thus holds one more batch: the one whose outputs are being published.
+
+At shutdown (``drain``) the loop takes no new batch: the batch being applied and the one
+being published finish (committed, published, acknowledged) or, past the deadline, are
+cancelled: a transaction rolls back, a publication's outbox rows stay for the next start; a
+batch queued behind them was never started and is redelivered.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from streams.failures import retry_transient
 from streams.isolation import CircuitBreaker, Isolation
@@ -62,6 +72,25 @@ class BatchHandler(Protocol):
     async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> object:
         """Apply ``messages``; return once they are durable and their outputs published.
         A failure that is about one message is isolated with ``isolation``."""
+
+
+class Publication(Protocol):
+    async def publish(self) -> None:
+        """Publish a committed batch's outputs; return once the broker has every one."""
+
+
+@runtime_checkable
+class CommittingHandler(BatchHandler, Protocol):
+    async def commit(self, messages: Sequence[InputMessage], isolation: Isolation) -> Publication:
+        """Make ``messages`` durable (as ``apply``) and return the step that publishes their
+        outputs: the loop runs it while the next batch commits."""
+
+
+class _Published:
+    """The publication of a handler that publishes in ``apply``."""
+
+    async def publish(self) -> None:
+        return None
 
 
 class RetryObserver(Protocol):
@@ -170,48 +199,88 @@ class BatchLoop:
         self._stop = stop
         self._max_backoff = max_backoff_seconds
         self._writer: asyncio.Task[None] | None = None
+        self._publishing: asyncio.Task[bool] | None = None
+        self._changed = asyncio.Condition()
         self._draining = False
         self._applying = False
+        # A handler that commits in two steps has its outputs published behind the next commit.
+        self._committer = handler if isinstance(handler, CommittingHandler) else None
 
     async def apply(self, batch: Batch) -> None:
-        """Apply every part of ``batch`` (transient failures retried until they pass)."""
+        """Apply every part of ``batch``, outputs published."""
+        await (await self.commit(batch)).publish()
+
+    async def commit(self, batch: Batch) -> Publication:
+        """Commit every part of ``batch`` (transient failures retried until they pass); the
+        returned step publishes their outputs, in order."""
         name = self.handler.name
 
         def retried(exc: Exception) -> None:
             self._observer.retried(name, type(exc).__name__)
 
+        publications: list[Publication] = []
         for part in split_by_bytes(batch.messages, self.limits.max_bytes):
-            await retry_transient(
-                f"{name}: batch",
-                partial(self.handler.apply, part, self.isolation),
-                self._max_backoff,
-                retried,
+            if self._committer is not None:
+                step = partial(self._committer.commit, part, self.isolation)
+            else:
+                step = partial(_applied, self.handler, part, self.isolation)
+            publications.append(
+                await retry_transient(f"{name}: batch", step, self._max_backoff, retried)
             )
+        return publications[0] if len(publications) == 1 else _InOrder(publications)
 
     async def run(self, source: BatchSource) -> None:
         """Apply every batch of ``source`` until it ends (a consumer's never does: the
         worker's stop cancels it, and what was not acknowledged is redelivered)."""
         waiting = Waiting(self.limits)
-        changed = asyncio.Condition()
+        changed = self._changed = asyncio.Condition()
         ended = False
 
-        async def apply_in_order() -> None:
+        async def publish_then_ack(publication: Publication, batches: list[Batch]) -> bool:
+            """False if it failed (the worker is asked to stop: the batches are not
+            acknowledged, their outbox rows are published at the next start)."""
             try:
-                while not self._draining:
+                await publication.publish()
+                for batch in batches:
+                    await source.ack(batch)
+                return True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.critical("%s: stopping the worker: %s", self.handler.name, exc)
+                await self._stop(exc)
+                return False
+
+        async def apply_in_order() -> None:
+            publishing: asyncio.Task[bool] | None = None
+            try:
+                while True:
                     async with changed:
-                        await changed.wait_for(lambda: bool(waiting.batches) or ended)
+                        await changed.wait_for(
+                            lambda: bool(waiting.batches) or ended or self._draining
+                        )
                         if self._draining or not waiting.batches:
-                            return
+                            break
                         batches = waiting.take()
                         self._applying = True
                         changed.notify_all()
                     try:
-                        await self.apply(merged(batches))
-                        for batch in batches:
-                            await source.ack(batch)
+                        publication = await self.commit(merged(batches))
+                        # One publication at a time, in the order of the commits.
+                        if publishing is not None and not await publishing:
+                            return  # it failed and asked the worker to stop
+                        publishing = asyncio.create_task(
+                            publish_then_ack(publication, batches),
+                            name=f"{self.handler.name}-publisher",
+                        )
+                        self._publishing = publishing
                     finally:
                         self._applying = False
+                if publishing is not None:
+                    await publishing
             except asyncio.CancelledError:
+                if publishing is not None:
+                    publishing.cancel()
                 raise
             except Exception as exc:
                 log.critical("%s: stopping the worker: %s", self.handler.name, exc)
@@ -241,6 +310,8 @@ class BatchLoop:
                 await asyncio.wait((writer,))
         finally:
             writer.cancel()
+            if self._publishing is not None:
+                self._publishing.cancel()
         # A writer that failed has asked the worker to stop: the loop returns instead of
         # raising, so that the failure is reported once, through ``stop``, while the worker
         # stops (with two agents failing together, a supervisor's restart hung a worker).
@@ -248,15 +319,19 @@ class BatchLoop:
             writer.exception()  # retrieved: it was reported through ``stop``
 
     async def drain(self, within_seconds: float) -> bool:
-        """Take no new batch; wait up to ``within_seconds`` for the batch being applied to be
-        committed, published and acknowledged. True if it was (or none was being applied);
-        False if it was cancelled at the deadline (its transaction rolls back, it is
-        redelivered)."""
+        """Take no new batch; wait up to ``within_seconds`` for the batch being applied and
+        the one being published to be committed, published and acknowledged. True if they
+        were (or none was in progress); False if they were cancelled at the deadline (a
+        transaction rolls back and its batch is redelivered; a publication's outbox rows are
+        published at the next start, its batch redelivered and skipped)."""
         self._draining = True
         writer = self._writer
         if writer is None or writer.done():
             return True
-        abandoned = self._applying
+        publishing = self._publishing
+        abandoned = self._applying or (publishing is not None and not publishing.done())
+        async with self._changed:
+            self._changed.notify_all()  # an idle writer ends, after the publication
         if abandoned:
             done, _ = await asyncio.wait((writer,), timeout=within_seconds)
             if done:
@@ -276,3 +351,21 @@ class BatchLoop:
             put.cancel()
             return False
         return True
+
+
+async def _applied(
+    handler: BatchHandler, messages: Sequence[InputMessage], isolation: Isolation
+) -> Publication:
+    await handler.apply(messages, isolation)
+    return _Published()
+
+
+@dataclass(frozen=True, slots=True)
+class _InOrder:
+    """The publications of a batch's parts, one after the other."""
+
+    publications: Sequence[Publication]
+
+    async def publish(self) -> None:
+        for publication in self.publications:
+            await publication.publish()

@@ -1,5 +1,6 @@
 """The deletion worker's periodic duties: redeliver overdue tombstones and report them,
-verify completed deletions with the retrieval probe, and refresh the deletion metrics."""
+verify completed deletions with the retrieval probe, refresh the deletion metrics, and trim
+the API's read audit past its retention."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections import bookkeeping, rebuilds
+from projections.access import audit as read_audit
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
@@ -38,8 +40,10 @@ class LedgerMaintenance(Service):
         redelivery_interval: timedelta,
         rebuild_grace: timedelta,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        audit_retention: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
+        """``audit_retention``: the API's read audit rows are kept this long (None: forever)."""
         self._pool = pool
         self._publisher = publisher
         self._stores = stores
@@ -49,6 +53,7 @@ class LedgerMaintenance(Service):
         self._redelivery_interval = redelivery_interval
         self._rebuild_grace = rebuild_grace
         self._clock = clock
+        self._audit_retention = audit_retention
         super().__init__(**kwargs)
 
     @Service.task
@@ -62,6 +67,7 @@ class LedgerMaintenance(Service):
                 self.drop_expired_rebuilds,
                 self.drop_expired_probes,
                 self.destroy_expired_letter_keys,
+                self.trim_read_audit,
             ):
                 try:
                     await duty()
@@ -164,6 +170,16 @@ class LedgerMaintenance(Service):
         if destroyed:
             log.info("destroyed %d dead-letter keys at the end of their retention", destroyed)
         return destroyed
+
+    async def trim_read_audit(self) -> int:
+        """The API's read audit is kept for its retention (MEMPROJ_API_AUDIT_RETENTION_SECONDS)."""
+        if self._audit_retention is None:
+            return 0
+        async with self._pool.connection() as conn, conn.transaction():
+            trimmed = await read_audit.trim(conn, self._clock(), self._audit_retention)
+        if trimmed:
+            log.info("trimmed %d read audit rows past their retention", trimmed)
+        return trimmed
 
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:

@@ -28,7 +28,7 @@ from projections.deletion import queries as ledger_queries
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
-from projections.embeddings.vectors import VectorStore
+from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from topics.outputs import MemoryRecord
@@ -39,6 +39,10 @@ class Hydrated:
     records: list[MemoryRecord]
     # Why candidates were dropped, per store: {"embeddings": {"erased": 2}, ...}.
     blocked: dict[str, Counter[str]] = field(default_factory=dict)
+    # The ids of the candidates the guard dropped, and of those hydrated but outside the
+    # query's filters (a purpose policy's among them): what a read audit records.
+    blocked_ids: list[str] = field(default_factory=list)
+    filtered_ids: list[str] = field(default_factory=list)
 
     @property
     def blocked_total(self) -> int:
@@ -46,7 +50,9 @@ class Hydrated:
 
 
 def _query_key(query: RecallQuery, text: str | None) -> str:
-    described = orjson.dumps({**asdict(query), "max_age": str(query.max_age), "text": text})
+    described = orjson.dumps(
+        {**asdict(query), "max_age": str(query.max_age), "text": text}, default=sorted
+    )
     return hashlib.sha256(described).hexdigest()[:32]
 
 
@@ -55,10 +61,10 @@ async def hydrate(
     tenant_id: str,
     candidates: Sequence[tuple[str, int | None]],
     now: datetime,
-) -> tuple[list[MemoryRecord], Counter[str]]:
+) -> tuple[list[MemoryRecord], Counter[str], list[str]]:
     """Re-read candidate memories (id, the version the index holds) through the projection and
     the erasure index; keep the eligible ones, in candidate order, and say why the others
-    were dropped."""
+    were dropped, and which."""
     ids = list(dict.fromkeys(memory_id for memory_id, _ in candidates))
     records = await memory_store.load_records(conn, ((tenant_id, m) for m in ids))
     keys = [memory_key(tenant_id, m) for m in ids]
@@ -66,6 +72,7 @@ async def hydrate(
     erasures = await deletion_store.load_erasures(conn, keys)
     kept: list[MemoryRecord] = []
     dropped: Counter[str] = Counter()
+    dropped_ids: list[str] = []
     seen: set[str] = set()
     for memory_id, version in candidates:
         if memory_id in seen:
@@ -73,19 +80,23 @@ async def hydrate(
         seen.add(memory_id)
         record = records.get((tenant_id, memory_id))
         erased = erasures.entries.get(memory_key(tenant_id, memory_id))
+        reason: str | None = None
         if record is None:
-            dropped["erased" if erased else "deleted"] += 1
+            reason = "erased" if erased else "deleted"
         elif record.tenant_id != tenant_id:
-            dropped["other_tenant"] += 1
+            reason = "other_tenant"
         elif record.status == "revoked":
-            dropped["revoked"] += 1
+            reason = "revoked"
         elif version is not None and version != record.version:
-            dropped["superseded"] += 1
+            reason = "superseded"
         elif not record.is_eligible(now):
-            dropped["expired"] += 1
-        else:
+            reason = "expired"
+        if reason is None and record is not None:
             kept.append(record)
-    return kept, dropped
+        else:
+            dropped[reason or "deleted"] += 1
+            dropped_ids.append(memory_id)
+    return kept, dropped, dropped_ids
 
 
 def _wanted(record: MemoryRecord, query: RecallQuery, now: datetime) -> bool:
@@ -96,6 +107,8 @@ def _wanted(record: MemoryRecord, query: RecallQuery, now: datetime) -> bool:
         and record.status in query.statuses
         and (query.scope is None or record.scope == query.scope)
         and (query.kind is None or record.kind == query.kind)
+        and (query.kinds is None or record.kind in query.kinds)
+        and (query.scopes is None or record.scope in query.scopes)
         and (query.max_age is None or record.observed_at >= now - query.max_age)
     )
 
@@ -108,9 +121,9 @@ async def recall(conn: Conn, cache: RedisCache, query: RecallQuery, now: datetim
     if cached is not None:
         candidates = [(r["memory_id"], r.get("version")) for r in cached]
         async with conn.transaction():
-            kept, dropped = await hydrate(conn, query.tenant_id, candidates, now)
+            kept, dropped, dropped_ids = await hydrate(conn, query.tenant_id, candidates, now)
             await _count_blocked(conn, "cache", dropped)
-        return Hydrated(kept, {"cache": dropped} if dropped else {})
+        return Hydrated(kept, {"cache": dropped} if dropped else {}, dropped_ids)
     async with conn.transaction():
         await deletion_store.lock_tenants(conn, [query.tenant_id], exclusive=False)
         records = await memory_store.recall(conn, query, now)
@@ -129,6 +142,7 @@ async def recall_by_text(
     now: datetime,
 ) -> Hydrated:
     """Semantic recall: the vector store proposes, the projection and the ledger decide."""
+    check_embedder(vectors, embedder.name)
     (vector,) = embedder.embed([text])
     subject = (query.subject_type, query.subject_id)
     hits = await asyncio.to_thread(
@@ -143,12 +157,15 @@ async def recall_by_text(
     ]
     foreign = sum(1 for hit in hits if hit.entry.tenant_id != query.tenant_id)
     async with conn.transaction():
-        kept, dropped = await hydrate(conn, query.tenant_id, candidates, now)
+        kept, dropped, dropped_ids = await hydrate(conn, query.tenant_id, candidates, now)
         if foreign:
             dropped["other_tenant"] += foreign
         await _count_blocked(conn, "embeddings", dropped)
-    records = [r for r in kept if _wanted(r, query, now)][: query.limit]
-    return Hydrated(records, {"embeddings": dropped} if dropped else {})
+    wanted = [r for r in kept if _wanted(r, query, now)]
+    unwanted = [r.memory_id for r in kept if not _wanted(r, query, now)]
+    return Hydrated(
+        wanted[: query.limit], {"embeddings": dropped} if dropped else {}, dropped_ids, unwanted
+    )
 
 
 async def context_view(
@@ -171,7 +188,8 @@ async def context_view(
             await _count_blocked(conn, "cache", Counter({"deleted": 1}))
             return None
         if cached is not None:
-            return dict(cached["view"])
+            # ``get_context`` answers the cached view itself (the entry's "view").
+            return dict(cached)
         if view is not None:
             owner_type, owner_id = view["owner"]
             await cache.put_context(tenant_id, conversation_id, (owner_type, owner_id), view)

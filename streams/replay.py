@@ -55,7 +55,7 @@ from streams.metrics import Metrics
 from streams.rebuild import MemoryRebuild, cannot_apply
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
 from streams.runner import Projection, ProjectionRunner
-from streams.services import make_pool, open_vector_store
+from streams.services import build_embedder, make_pool, open_vector_store
 from streams.settings import Settings
 from topics.messages import InputMessage
 from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
@@ -118,6 +118,8 @@ class ReplayReport:
     retired: str | None = None
     swept: int = 0
     caught_up: int = 0
+    # The live vectors' model and the rebuild's, when they differ (embeddings only).
+    model_change: tuple[str, str] | None = None
 
     @property
     def rate(self) -> float:
@@ -136,6 +138,7 @@ class ReplayReport:
             "retired": self.retired,
             "swept_after_rebuild": self.swept,
             "caught_up_before_swap": self.caught_up,
+            "model_change": list(self.model_change) if self.model_change else None,
         }
 
 
@@ -545,19 +548,25 @@ async def replay_embeddings(
 ) -> ReplayReport:
     """Rebuild the vector store from ``memory.current`` and ``conversation.messages`` into a
     shadow table, through the same indexer and guard as the live worker; compare per tenant;
-    swap by replacing the live table's content in one commit (old versions purged)."""
-    from projections.embeddings.embedder import HashingEmbedder
-    from projections.embeddings.lance import drop_table, replay_table_name
+    swap by replacing the live table's content in one commit (old versions purged).
+
+    The rebuild embeds with the configured embedder (``MEMPROJ_EMBEDDER``): it is how the
+    vectors move to another model. The live table is read whatever model it holds; when that
+    is another one, ``if-equal`` swaps the rebuild in even where the entries differ (the
+    comparison is of entries, not vectors): the live vectors are unusable to this embedder,
+    and ``never`` still keeps them."""
+    from projections.embeddings.lance import drop_table, replay_table_name, table_model
     from streams.agents.index import EmbeddingsIndexer
 
     name = replay_table_name(datetime.now(UTC))
     shadow = open_vector_store(settings, table=name)
-    live = open_vector_store(settings)
+    live = open_vector_store(settings, adopt=True)
+    previous_model = table_model(settings.vector_store_path)
     pool = make_pool(settings.postgres_conninfo, 2)
     await pool.open(wait=True)
     metrics = Metrics(CollectorRegistry())
     indexer = EmbeddingsIndexer(
-        pool, shadow, HashingEmbedder(settings.embedding_dim), DiscardingPublisher(),
+        pool, shadow, build_embedder(settings), DiscardingPublisher(),
         settings.topics, metrics, asyncio.Lock(),
         # The records of conversation.messages are sealed: the erased ones stay shut.
         KeyStore(settings.worker_master_keys()),
@@ -580,7 +589,11 @@ async def replay_embeddings(
         rebuilt = await asyncio.to_thread(every_entry, shadow)
         current = await asyncio.to_thread(every_entry, live)
         report.differences = shadows.differences(_digests(current), _digests(rebuilt))
-        if swap == "always" or (swap == "if-equal" and not report.differences):
+        report.model_change = (
+            (previous_model, shadow.model) if previous_model != shadow.model else None
+        )
+        equal = not report.differences or report.model_change is not None
+        if swap == "always" or (swap == "if-equal" and equal):
             members = group_members(settings, settings.group_id("embeddings"))
             if members:
                 raise ReplayStopped(

@@ -16,6 +16,9 @@ The order of a batch, and why:
 3. Delete the published outbox rows.
 4. Only then does the caller acknowledge the input offsets to Kafka (commit offsets).
 
+``apply`` does all of it; ``commit`` does 1 and returns the rest, which the batch loop runs
+while the next batch's transaction runs (ops/decisions/freshness.md).
+
 A crash anywhere leaves either nothing (1 rolled back: the messages are redelivered and
 applied) or a committed batch whose messages are redelivered and skipped by the tracking
 offsets, while its outbox rows are republished by ``drain_outbox`` at the next start.
@@ -35,7 +38,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from functools import partial
@@ -155,6 +158,18 @@ class _Committed:
     newest_occurred_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedBatch:
+    """A committed batch whose outputs are still to publish (steps 2 and 3)."""
+
+    report: BatchReport
+    publishing: Callable[[], Awaitable[None]]
+
+    async def publish(self) -> None:
+        """Publish the outbox, then delete its rows; transient failures retried."""
+        await self.publishing()
+
+
 # Room left in a message for its headers and the record's own framing.
 OUTPUT_MAX_BYTES = MESSAGE_MAX_BYTES - 16 * 1024
 
@@ -206,6 +221,15 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         around the failing messages): the failing messages become dead letters, the others
         are applied, all in one commit, unless the breaker judges the failures systemic.
         """
+        committed = await self.commit(messages, isolation)
+        await committed.publish()
+        return committed.report
+
+    async def commit(
+        self, messages: Sequence[InputMessage], isolation: Isolation
+    ) -> CommittedBatch:
+        """Steps 1 of a batch (as ``apply``); the returned ``CommittedBatch`` does 2 and 3.
+        The batch loop publishes it while the next batch commits (``streams.loop``)."""
         started = time.perf_counter()
         name = self.projection.name
 
@@ -217,6 +241,13 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         )
         if self._kill_after_commit and committed.outbox:
             os.kill(os.getpid(), signal.SIGKILL)  # the crash the outbox is for
+        return CommittedBatch(committed.report, partial(self._publish, committed, started))
+
+    async def _publish(self, committed: _Committed, started: float) -> None:
+        name = self.projection.name
+
+        def retried(exc: Exception) -> None:
+            self._metrics.retried(name, type(exc).__name__)
 
         async def publish() -> None:
             # The batch is in the database: a retry only republishes. Its rows stay locked
@@ -228,12 +259,11 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
 
         await retry_transient(f"{name}: publish", publish, self._max_backoff, retried)
         self._metrics.batch_applied(
-            self.projection.name,
+            name,
             committed.applied_event_types,
             committed.newest_occurred_at,
             time.perf_counter() - started,
         )
-        return committed.report
 
     async def _commit(self, messages: Sequence[InputMessage], isolation: Isolation) -> _Committed:
         async with self._pool.connection() as conn:

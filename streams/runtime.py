@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import sys
 
 # Every event allocates a few hundred short-lived objects (decoded bytes, pydantic models,
 # rows). With CPython's default threshold of 700 the collector runs every few events and
@@ -44,3 +45,27 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
     mallopt = getattr(libc, "mallopt", None)
     return mallopt is not None and bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+# pyarrow allocates from mimalloc by default, which keeps what it freed in per-thread heaps:
+# LanceDB hands its results over as arrow arrays on a dozen threads. With glibc's malloc (its
+# arenas capped as above) the embeddings worker's scenario of ops/bench/store_memory.py (200
+# index updates, 20 erasures on 80,000 entries) peaked 66-110 MB lower, at no more CPU
+# (ops/decisions/worker-memory.md).
+ARROW_MEMORY_POOL = "system"
+_ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
+
+
+def use_system_arrow_pool() -> bool:
+    """Make pyarrow allocate with the system's malloc, unless ``ARROW_DEFAULT_MEMORY_POOL``
+    is set (an operator's value wins). Arrow reads the variable when its default pool is first
+    asked for; if pyarrow is imported already, its default pool is switched now. Whether the
+    pool was chosen here."""
+    if _ARROW_POOL_VARIABLE in os.environ:
+        return False
+    os.environ[_ARROW_POOL_VARIABLE] = ARROW_MEMORY_POOL
+    if "pyarrow" in sys.modules:
+        import pyarrow
+
+        pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+    return True

@@ -28,6 +28,8 @@ from redis.asyncio import Redis
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
+from projections.embeddings import factory
+from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from projections.sealing.probes import ProbeSealer
@@ -55,11 +57,24 @@ log = logging.getLogger(__name__)
 EXIT_SHUTDOWN_TIMEOUT = 70
 
 
-def open_vector_store(settings: Settings, table: str = "embeddings") -> VectorStore:
+def open_vector_store(
+    settings: Settings, table: str = "embeddings", *, adopt: bool = False
+) -> VectorStore:
+    """The vector store of the configured embedder: refuses a table of another model
+    (``adopt``: only the rebuild, which replaces it)."""
     # lancedb takes about a second to import: only the commands that open the store pay it.
     from projections.embeddings.lance import LanceVectorStore
 
-    return LanceVectorStore(settings.vector_store_path, settings.embedding_dim, table=table)
+    model = settings.embedder_identity
+    return LanceVectorStore(
+        settings.vector_store_path, model.dim, table=table, model=model.name, adopt=adopt
+    )
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    """The configured embedder (``MEMPROJ_EMBEDDER``), loaded: once per entry point, and
+    passed to whatever embeds (wordllama takes a second and 60 MB to load)."""
+    return factory.build_embedder(settings.embedder, settings.embedding_dim)
 
 
 class StoreSupplies:
@@ -97,7 +112,8 @@ class StoreSupplies:
     def vector_shadows(self) -> VectorShadows:
         from projections.embeddings.lance import LanceShadows  # lancedb: see open_vector_store
 
-        return LanceShadows(self._settings.vector_store_path, self._settings.embedding_dim)
+        model = self._settings.embedder_identity
+        return LanceShadows(self._settings.vector_store_path, model.dim, model=model.name)
 
     @cached_property
     def vector_writes(self) -> asyncio.Lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -17,6 +18,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
+from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -219,7 +221,16 @@ class Settings(BaseSettings):
     )
     cache_ttl_seconds: int = Field(300, description="lifetime of recall and context cache entries")
     cache_namespace: str = Field("memproj", description="prefix of every Redis key memproj writes")
-    embedding_dim: int = Field(256, description="dimensions of the default hashing embedder")
+    embedder: EmbedderKind = Field(
+        "wordllama",
+        description="the vector store's embedder: wordllama (the l2_supercat sentence-embedding "
+        "model, 256 dimensions, weights in the wheel, loaded offline) or hashing (words and "
+        "word pairs hashed, no dependency; finds shared words, not meaning). Vectors record "
+        "their model: after a change, rebuild them with `memproj replay embeddings`",
+    )
+    embedding_dim: int = Field(
+        256, description="dimensions of the hashing embedder (wordllama's are its model's: 256)"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
     metrics_port: int | None = Field(
         None,
@@ -244,6 +255,34 @@ class Settings(BaseSettings):
         "seconds, at least 2)",
     )
     # -- end of probes and shutdown
+    # -- the HTTP API (issue 18: memproj serve)
+    api_host: str = Field("127.0.0.1", description="address memproj serve binds")
+    api_port: int = Field(8080, description="port memproj serve listens on (0: any free port)")
+    api_rate_limit: str = Field(
+        "1200/minute",
+        description="requests one API key may make, a moving window in the limits library's "
+        "notation ('100/second', '1200/minute', '10 per 1 second'); past it 429 with Retry-After",
+    )
+    api_rate_limit_storage: Literal["memory", "redis"] = Field(
+        "memory",
+        description="where the rate limit's windows are kept: 'memory', per process; 'redis' "
+        "(MEMPROJ_REDIS_URL), shared by every replica of the API",
+    )
+    api_max_body_bytes: int = Field(
+        262144, description="largest request body the API reads; a larger one is refused (413)"
+    )
+    api_delivery_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="how long a proposal or deletion request waits for Kafka to take it; past "
+        "it the answer is 503 and nothing is recorded (the client retries)",
+    )
+    api_audit_retention_seconds: float = Field(
+        90 * 24 * 3600.0,
+        description="read audit rows (api_read_audit) older than this are deleted by the "
+        "deletion worker's maintenance; 0: kept forever",
+    )
+    # -- end of the HTTP API
     log_level: str = Field("info", description="worker log level")
     # -- secrets and master keys (issue 16: SecretStr, *_FILE, rotation) -----------------------
     environment: Literal["production", "local"] = Field(
@@ -424,8 +463,19 @@ class Settings(BaseSettings):
         )
 
     @property
+    def embedder_identity(self) -> EmbedderIdentity:
+        """The model the vector store must hold, named without loading it."""
+        return embedder_identity(self.embedder, self.embedding_dim)
+
+    @property
     def vector_store_path(self) -> Path:
         return self.data_dir / "lancedb"
+
+    @property
+    def api_audit_retention(self) -> timedelta | None:
+        """How long the API's read audit is kept (None: forever)."""
+        seconds = self.api_audit_retention_seconds
+        return timedelta(seconds=seconds) if seconds > 0 else None
 
     @property
     def context(self) -> ContextSettings:

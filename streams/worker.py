@@ -22,7 +22,6 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn, HandoverTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
-from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
 from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
@@ -53,6 +52,7 @@ from streams.services import (
     PublisherService,
     StoreSupplies,
     WorkerState,
+    build_embedder,
     make_pool,
 )
 from streams.settings import Settings
@@ -270,7 +270,8 @@ def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerPar
 def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     """The ledger: requests and acknowledgements, plus redelivery, verification and the
     deletion metrics."""
-    embedder = HashingEmbedder(settings.embedding_dim)
+    # The verification probes are searched in the vector store: its embedder's vectors.
+    embedder = build_embedder(settings)
     probes = probe_sealer(settings)  # the ledger seals probes, the verification opens them
     projection = LedgerProjection(
         default_schemas(),
@@ -294,6 +295,7 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
                 timedelta(seconds=settings.deletion_check_interval_seconds),
                 timedelta(seconds=settings.deletion_redelivery_seconds),
                 timedelta(seconds=settings.rebuild_grace_seconds),
+                audit_retention=settings.api_audit_retention,
             ),
             # Topic lifetimes (issue 15): memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics),
@@ -327,7 +329,7 @@ def feed_embeddings(
     indexer = EmbeddingsIndexer(
         parts.pool,
         supplies.vectors,
-        HashingEmbedder(settings.embedding_dim),
+        build_embedder(settings),
         parts.publisher,
         settings.topics,
         metrics,

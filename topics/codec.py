@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Union
 
 import orjson
-import pydantic_core
 import re2
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from topics.envelope import Envelope
+from topics.envelope import Envelope, model_json
 from topics.outputs import DeadLetterReason
 from topics.schemas import EventSchema, SchemaRegistry, UnknownSchemaVersion
 
@@ -98,7 +97,7 @@ class InvalidMessage(ValueError):
 
 
 def encode(record: BaseModel) -> bytes:
-    return pydantic_core.to_json(record)
+    return model_json(record)
 
 
 def encode_key(key: str) -> bytes:
@@ -133,6 +132,7 @@ class EventCodec:
         self._topic_types = dict(topic_types or {})
         self._accepted_types = accepted_types
         self._value_limits = dict(value_limits or {})
+        self._class_limits: dict[type[BaseModel], tuple[tuple[str, int], ...]] = {}
         models = [schema.model for t in accepted_types if (schema := schemas.get(t)) is not None]
         # One pass of pydantic's JSON validator over every accepted type, for the common case
         # of a valid event at its current version; anything else takes the slow path below,
@@ -222,6 +222,18 @@ class EventCodec:
             )
         return raw
 
+    def _limits_of(self, payload_class: type[BaseModel]) -> tuple[tuple[str, int], ...]:
+        """The size limits that apply to a payload class's fields, found once per class: the
+        class's field list is behind a property that costs more than the check itself."""
+        limits = self._class_limits.get(payload_class)
+        if limits is None:
+            fields = payload_class.model_fields
+            limits = tuple(
+                (name, limit) for name, limit in self._value_limits.items() if name in fields
+            )
+            self._class_limits[payload_class] = limits
+        return limits
+
     def _schema_for(self, raw: dict[str, Any]) -> EventSchema:
         event_type = raw.get("event_type")
         schema = self._schemas.get(event_type) if isinstance(event_type, str) else None
@@ -233,9 +245,7 @@ class EventCodec:
         return schema
 
     def _check_sizes(self, payload: BaseModel) -> None:
-        for field_name, limit in self._value_limits.items():
-            if field_name not in type(payload).model_fields:
-                continue
+        for field_name, limit in self._limits_of(type(payload)):
             size = len(orjson.dumps(getattr(payload, field_name)))
             if size > limit:
                 raise InvalidMessage(

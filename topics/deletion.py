@@ -7,7 +7,6 @@ import hashlib
 from datetime import datetime
 from typing import ClassVar, Literal
 
-import pydantic_core
 from pydantic import Field, model_validator
 
 from topics.envelope import (
@@ -19,6 +18,7 @@ from topics.envelope import (
     Text,
     Timestamp,
     Wire,
+    model_json,
 )
 
 TargetType = Literal["subject", "conversation", "memory"]
@@ -143,7 +143,7 @@ class Acknowledgement(Frozen):
         return self.acked_at
 
     def body_hash(self) -> bytes:
-        return hashlib.sha256(pydantic_core.to_json(self)).digest()
+        return hashlib.sha256(model_json(self)).digest()
 
     @property
     def readable(self) -> bool:

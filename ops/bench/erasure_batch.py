@@ -32,6 +32,7 @@ from projections.stores.embeddings import EmbeddingsStore
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
 DIM = 256  # the default embedder's
+MODEL = "bench/random-256"  # random vectors: of no embedder
 WRITE = 10_000
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -102,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as directory:
-        vectors = CountingPurges(Path(directory) / "vectors", dim=DIM)
+        vectors = CountingPurges(Path(directory) / "vectors", dim=DIM, model=MODEL)
         for start in range(0, args.vectors, WRITE):
             vectors.upsert([entry(n, rng) for n in range(start, min(args.vectors, start + WRITE))])
         store = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()))

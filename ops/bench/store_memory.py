@@ -17,9 +17,9 @@ Each process reports its peak RSS (``VmHWM``) after opening the store and at the
 its CPU time. With ``--baseline`` the same scenarios also run on another source tree (e.g.
 ``git archive`` of main unpacked somewhere), side by side in one run, on the same store.
 The store parts are imported the way a worker imports them, and the workers' own start-up
-(``limit_malloc_arenas``) is applied where the tree has it; the rest of a worker (faust,
-librdkafka, the agents) is not in these numbers: ops/bench/projection.py measures the
-workers whole.
+(``limit_malloc_arenas``, ``use_system_arrow_pool``) is applied where the tree has it; the
+rest of a worker (faust, librdkafka, the agents) is not in these numbers:
+ops/bench/projection.py measures the workers whole.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("monitor", "deletion", "embeddings")
 DIM = 256
+MODEL = "bench/random-256"  # random vectors: of no embedder
 TENANTS = 8
 SUBJECTS = 25
 ERASURES = 20
@@ -56,6 +57,16 @@ def erased_subjects() -> list[tuple[str, str]]:
     return [(f"tenant_{n % TENANTS}", f"user_{n}") for n in range(ERASURES)]
 
 
+def open_store(store_class: Any, path: Path) -> Any:
+    """The store of the tree being measured: one from before embedders were named (a
+    ``--baseline``) takes no model."""
+    import inspect
+
+    if "model" in inspect.signature(store_class).parameters:
+        return store_class(path, DIM, model=MODEL)
+    return store_class(path, DIM)
+
+
 def build(path: Path, vectors: int) -> None:
     """The store, written in batches the way the indexer writes, then compacted."""
     from datetime import UTC, datetime, timedelta
@@ -65,7 +76,7 @@ def build(path: Path, vectors: int) -> None:
     from projections.embeddings.lance import LanceVectorStore
     from projections.embeddings.vectors import VectorEntry, memory_entry_id, message_entry_id
 
-    store = LanceVectorStore(path, DIM)
+    store = open_store(LanceVectorStore, path)
     rng = np.random.default_rng(7)
     start = datetime(2026, 1, 1, tzinfo=UTC)
     batch: list[VectorEntry] = []
@@ -117,7 +128,7 @@ def erase_subjects(path: Path) -> None:
     from projections.embeddings.lance import LanceVectorStore
     from projections.embeddings.vectors import Match
 
-    store = LanceVectorStore(path, DIM)
+    store = open_store(LanceVectorStore, path)
     for tenant, subject_id in erased_subjects():
         store.remove(Match(tenant, subject=("user", subject_id)))
     store.purge_history()
@@ -135,6 +146,12 @@ def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, A
         pass
     else:
         limit_malloc_arenas()
+    try:
+        from streams.runtime import use_system_arrow_pool
+    except ImportError:  # a tree from before it
+        pass
+    else:
+        use_system_arrow_pool()
     from datetime import UTC, datetime
 
     from projections.deletion import store as deletion_store
@@ -149,12 +166,12 @@ def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, A
     from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
     cpu = time.process_time()
-    vectors = LanceVectorStore(path, DIM)
+    vectors = open_store(LanceVectorStore, path)
     store = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()))
     opened = status()
     cut_off = datetime(2027, 1, 1, tzinfo=UTC)
 
-    before = vectors.table if original is None else LanceVectorStore(original, DIM).table
+    before = vectors.table if original is None else open_store(LanceVectorStore, original).table
 
     def erased(tenant: str, subject_id: str) -> Target:
         """What the subject has in the store, read compactly: the scenario's own bookkeeping

@@ -1,8 +1,11 @@
 """Turning memories and messages into vectors. Pure and deterministic.
 
-The default embedder hashes words and word pairs into a fixed number of dimensions: no model
-download, no network, and the same text gives the same vector in every process, so a replay of
-the topics rebuilds exactly the vectors it built the first time.
+Every embedder names its model (``name``, stored with the vectors by the vector store: a model
+change is a rebuild, never a silent mix) and returns L2-normalised float32 vectors, the same
+for the same text in every process, so a replay of the topics rebuilds exactly the vectors it
+built the first time. The default is a sentence-embedding model (``wordllama``); the hashing
+embedder here needs no dependency at all: it hashes words and word pairs into a fixed number
+of dimensions, so it finds shared words but not meaning.
 """
 
 from __future__ import annotations
@@ -21,9 +24,21 @@ _MEDIA_BLOCK_TYPES = frozenset({"image"})
 
 
 class Embedder(Protocol):
-    dim: int
+    @property
+    def name(self) -> str:
+        """The model and its dimension, e.g. ``hashing/256``: what the vector store records."""
+        ...
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+    @property
+    def dim(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised float32 vector (as Python floats) per text, in order."""
+        ...
+
+
+def hashing_name(dim: int) -> str:
+    return f"hashing/{dim}"
 
 
 class HashingEmbedder:
@@ -33,12 +48,13 @@ class HashingEmbedder:
     vector read back equals the vector that was embedded.
     """
 
-    __slots__ = ("dim",)
+    __slots__ = ("dim", "name")
 
     def __init__(self, dim: int = 256) -> None:
         if dim < 1:
             raise ValueError(f"an embedding needs at least one dimension, got {dim}")
         self.dim = dim
+        self.name = hashing_name(dim)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return [self._embed_one(text) for text in texts]
@@ -53,10 +69,15 @@ class HashingEmbedder:
             vector[value % self.dim] += sign
         norm = math.sqrt(sum(component * component for component in vector))
         if norm == 0.0:
-            # No words (or colliding signs that cancel out): a fixed unit vector keeps cosine
-            # distance defined, and every wordless text lands on the same point.
-            return _float32([1.0] + [0.0] * (self.dim - 1))
+            # No words (or colliding signs that cancel out).
+            return wordless_vector(self.dim)
         return _float32([component / norm for component in vector])
+
+
+def wordless_vector(dim: int) -> list[float]:
+    """The vector of a text without words, whatever the embedder: a fixed unit vector keeps
+    cosine distance defined, and every wordless text lands on the same point."""
+    return _float32([1.0] + [0.0] * (dim - 1))
 
 
 def tokens(text: str) -> list[str]:

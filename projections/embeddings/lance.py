@@ -23,8 +23,10 @@ import pyarrow as pa
 from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
+from projections.embeddings.embedder import hashing_name
 from projections.embeddings.vectors import (
     KINDS,
+    EmbedderMismatch,
     EntryKind,
     EntryRef,
     Match,
@@ -89,8 +91,24 @@ def any_match_filter(matches: Sequence[Match]) -> str | None:
 # -- LanceDB -------------------------------------------------------------------------------
 
 
-def lance_schema(dim: int) -> pa.Schema:
-    return pa.schema(
+# The schema metadata that records which embedder wrote a table's vectors. A table without it
+# was written before embedders were named, when the hashing embedder was the only one.
+MODEL_KEY = b"memproj.embedder"
+DIM_KEY = b"memproj.embedding_dim"
+
+
+def stored_model(schema: pa.Schema) -> str:
+    """The embedder a table's vectors come from, as its schema metadata records it."""
+    metadata = schema.metadata or {}
+    if MODEL_KEY in metadata:
+        return bytes(metadata[MODEL_KEY]).decode()
+    return hashing_name(schema.field("vector").type.list_size)
+
+
+def lance_schema(dim: int, model: str | None = None) -> pa.Schema:
+    """The table's columns; with ``model``, the metadata recording the embedder (every write
+    carries it: an overwrite replaces the table's schema, metadata included)."""
+    schema = pa.schema(
         [
             pa.field("id", pa.string(), nullable=False),
             pa.field("kind", pa.string(), nullable=False),
@@ -108,6 +126,9 @@ def lance_schema(dim: int) -> pa.Schema:
             pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
         ]
     )
+    if model is None:
+        return schema
+    return schema.with_metadata({MODEL_KEY: model.encode(), DIM_KEY: str(dim).encode()})
 
 
 _COLUMNS = tuple(lance_schema(1).names)
@@ -143,22 +164,36 @@ class LanceVectorStore:
     Every operation first moves the handle to the latest committed version, so readers see the
     writer's commits; if the version a handle was on gets cleaned up by ``purge_history`` in
     another process mid-read, the table is reopened and the operation retried once.
+
+    ``model`` names the embedder of the vectors written and searched: a table created here
+    records it, and opening a table that records another refuses (``EmbedderMismatch``), so
+    that vectors of two models never meet in one ranking. Only the rebuild opens the live
+    table with ``adopt=True``: it reads the entries whatever their model, and ``replace_all``
+    then records ``model`` with the rebuilt vectors in the same commit.
     """
 
-    def __init__(self, path: Path, dim: int, table: str = "embeddings") -> None:
+    def __init__(
+        self, path: Path, dim: int, table: str = "embeddings", *, model: str, adopt: bool = False
+    ) -> None:
         self.dim = dim
+        self.model = model
         self._name = table
         self._path = path
         self._db = lancedb.connect(path)
-        self._table = self._open_or_create(lance_schema(dim))
+        self._table = self._open_or_create(lance_schema(dim, model), adopt)
 
-    def _open_or_create(self, schema: pa.Schema) -> Table:
+    def _open_or_create(self, schema: pa.Schema, adopt: bool) -> Table:
         try:
             table = self._db.open_table(self._name)
         except ValueError:
             # Missing. exist_ok: another process may be creating it at this very moment.
             table = self._db.create_table(self._name, schema=schema, exist_ok=True)
         stored = table.schema
+        if adopt:
+            return table
+        model = stored_model(stored)
+        if model != self.model:
+            raise EmbedderMismatch(f"the table {self._name!r} at {self._path}", model, self.model)
         vectors = stored.field("vector").type
         if vectors != schema.field("vector").type:
             raise ValueError(
@@ -168,6 +203,10 @@ class LanceVectorStore:
         if not stored.equals(schema):
             raise ValueError(f"table {self._name!r} at {self._path} has another schema:\n{stored}")
         return table
+
+    @property
+    def _schema(self) -> pa.Schema:
+        return lance_schema(self.dim, self.model)
 
     @property
     def table(self) -> Table:
@@ -183,7 +222,7 @@ class LanceVectorStore:
                     f"entry {entry.id!r} has a vector of {len(entry.vector)} dimensions,"
                     f" the store holds {self.dim}"
                 )
-        rows = _rows(entries, self.dim)
+        rows = _rows(entries, self._schema)
         self._run(
             lambda table: (
                 # On the tenant and the id: an id names an entry within its tenant only, so
@@ -367,8 +406,9 @@ class LanceVectorStore:
         return sorted(self._query(tenant_filter(tenant_id)), key=lambda entry: entry.id)
 
     def replace_all(self, entries: Sequence[VectorEntry]) -> None:
-        """Make ``entries`` the whole content in one commit, and drop the old versions."""
-        rows = _rows(entries, self.dim)
+        """Make ``entries`` the whole content in one commit, and drop the old versions. The
+        commit records this store's model: the table now holds its vectors only."""
+        rows = _rows(entries, self._schema)
         self._run(lambda table: table.add(rows, mode="overwrite"))
         self.purge_history()
 
@@ -411,13 +451,11 @@ def _deleted_rows_remain(table: Table) -> bool:
 STORE_KEY = ("tenant_id", "id")
 
 
-def _rows(entries: Sequence[VectorEntry], dim: int) -> pa.Table:
+def _rows(entries: Sequence[VectorEntry], schema: pa.Schema) -> pa.Table:
     """The entries as rows, only the last of several with one tenant and id: LanceDB's
     merge_insert inserts every copy of a new key and refuses two copies of a stored one."""
     latest = {(entry.tenant_id, entry.id): entry for entry in entries}
-    return pa.Table.from_pylist(
-        [_row(entry) for entry in latest.values()], schema=lance_schema(dim)
-    )
+    return pa.Table.from_pylist([_row(entry) for entry in latest.values()], schema=schema)
 
 
 def _row(entry: VectorEntry) -> dict[str, Any]:
@@ -518,6 +556,11 @@ class _Ranking:
             self.best[query] = sorted(merged)[: self._limit]
 
 
+def table_model(path: Path, table: str = "embeddings") -> str:
+    """The embedder whose vectors the table holds (it is opened, or created, first)."""
+    return stored_model(lancedb.connect(path).open_table(table).schema)
+
+
 def drop_table(path: Path, table: str) -> None:
     with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
         lancedb.connect(path).drop_table(table)
@@ -554,15 +597,17 @@ class LanceShadows:
     """The rebuild tables beside the live store: an erasure reaches them too, and they are
     dropped once older than the rebuild grace period (``projections.stores.embeddings``)."""
 
-    def __init__(self, path: Path, dim: int) -> None:
+    def __init__(self, path: Path, dim: int, *, model: str) -> None:
         self._path = path
         self._dim = dim
+        self._model = model
 
     def tables(self) -> dict[str, datetime]:
         return replay_tables(self._path) if self._path.exists() else {}
 
     def open(self, name: str) -> LanceVectorStore:
-        return LanceVectorStore(self._path, self._dim, table=name)
+        # Adopted: a rebuild table of another model is still erased from, and dropped in time.
+        return LanceVectorStore(self._path, self._dim, table=name, model=self._model, adopt=True)
 
     def drop(self, name: str) -> None:
         drop_table(self._path, name)

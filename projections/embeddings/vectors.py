@@ -119,9 +119,33 @@ class Match:
         )
 
 
+class EmbedderMismatch(ValueError):
+    """Vectors of one embedder compared with vectors of another."""
+
+    def __init__(self, where: str, stored: str, configured: str) -> None:
+        super().__init__(
+            f"{where} holds vectors of the embedder {stored}, but the configured embedder is"
+            f" {configured}: their vectors cannot be compared. Run `memproj replay embeddings`"
+            f" (with the embeddings worker stopped) to rebuild the vectors with {configured},"
+            f" or configure MEMPROJ_EMBEDDER back to {stored}"
+        )
+        self.stored = stored
+        self.configured = configured
+
+
+def check_embedder(store: VectorStore, embedder_name: str) -> None:
+    """Refuses an embedder whose vectors the store's cannot be compared with."""
+    if store.model != embedder_name:
+        raise EmbedderMismatch("the vector store", store.model, embedder_name)
+
+
 class VectorStore(Protocol):
     """Every entry belongs to one tenant: entries are stored under (tenant_id, id), and every
-    read names its tenant and returns nothing of another."""
+    read names its tenant and returns nothing of another. Every vector comes from one
+    embedder, ``model`` (e.g. ``wordllama/l2_supercat/256``)."""
+
+    @property
+    def model(self) -> str: ...
 
     def upsert(self, entries: Sequence[VectorEntry]) -> None:
         """Insert the entries, replacing any stored entry of the same tenant with the same id;

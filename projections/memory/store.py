@@ -71,20 +71,37 @@ _UPDATED_ON_CONFLICT = (
 )  # fmt: skip
 
 
-def _current_row(r: MemoryRecord) -> tuple[Any, ...]:
+class _ValueJson:
+    """The JSON text of records' values, serialised once per record: a batch's current row
+    of a memory and its last version row hold the same record."""
+
+    __slots__ = ("_by_record",)
+
+    def __init__(self) -> None:
+        self._by_record: dict[int, tuple[MemoryRecord, str]] = {}
+
+    def __call__(self, record: MemoryRecord) -> str:
+        known = self._by_record.get(id(record))
+        if known is None:
+            # The record is kept with its text, so that its id names it until the batch ends.
+            known = self._by_record[id(record)] = (record, orjson.dumps(record.value).decode())
+        return known[1]
+
+
+def _current_row(r: MemoryRecord, value_json: _ValueJson) -> tuple[Any, ...]:
     return (
         r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind,
-        orjson.dumps(r.value).decode(), r.source.type, r.source.ref, r.status, r.version,
+        value_json(r), r.source.type, r.source.ref, r.status, r.version,
         r.observed_at, r.expires_at, r.verification, list(r.evidence_event_ids), r.created_at,
         r.updated_at, r.last_event_id, r.revoked_reason,
     )  # fmt: skip
 
 
-def _version_row(v: MemoryVersion) -> tuple[Any, ...]:
+def _version_row(v: MemoryVersion, value_json: _ValueJson) -> tuple[Any, ...]:
     r = v.record
     return (
         r.tenant_id, r.memory_id, r.version, r.subject.type, r.subject.id, r.scope, r.kind,
-        orjson.dumps(r.value).decode(), r.source.type, r.source.ref, r.status, r.observed_at,
+        value_json(r), r.source.type, r.source.ref, r.status, r.observed_at,
         r.expires_at, r.verification, list(r.evidence_event_ids), r.revoked_reason, v.event_id,
         v.event_type, r.updated_at, v.actor_type, v.actor_id,
     )  # fmt: skip
@@ -92,26 +109,34 @@ def _version_row(v: MemoryVersion) -> tuple[Any, ...]:
 
 async def save_batch(conn: Conn, result: BatchResult) -> None:
     """Upsert the changed records and append their versions, inside the caller's transaction."""
+    await _save_batch(conn, result, _ValueJson())
+
+
+async def _save_batch(conn: Conn, result: BatchResult, value_json: _ValueJson) -> None:
     if result.records:
         staging = await staging_table(conn, "memories")
-        await copy_rows(conn, staging, CURRENT_FIELDS, map(_current_row, result.records.values()))
+        rows = (_current_row(record, value_json) for record in result.records.values())
+        await copy_rows(conn, staging, CURRENT_FIELDS, rows)
         updates = ", ".join(f"{column} = EXCLUDED.{column}" for column in _UPDATED_ON_CONFLICT)
         await conn.execute(
             f"INSERT INTO memories ({RECORD_COLUMNS}) SELECT {RECORD_COLUMNS} FROM {staging}"
             f" ON CONFLICT (tenant_id, memory_id) DO UPDATE SET {updates}".encode()
         )
     if result.versions:
-        await copy_rows(conn, "memory_versions", VERSION_FIELDS, map(_version_row, result.versions))
+        rows = (_version_row(version, value_json) for version in result.versions)
+        await copy_rows(conn, "memory_versions", VERSION_FIELDS, rows)
 
 
 async def save_rebuilt_batch(conn: Conn, result: BatchResult, stored: Container[MemoryKey]) -> None:
     """``save_batch`` into a rebuild's shadow, whose rows the caller knows: the records it does
     not hold yet (``stored``: the keys it holds) are copied straight in, the others upserted."""
+    value_json = _ValueJson()
     new = [record for key, record in result.records.items() if key not in stored]
     if new:
-        await copy_rows(conn, "memories", CURRENT_FIELDS, map(_current_row, new))
+        rows = (_current_row(record, value_json) for record in new)
+        await copy_rows(conn, "memories", CURRENT_FIELDS, rows)
     changed = {key: record for key, record in result.records.items() if key in stored}
-    await save_batch(conn, BatchResult(records=changed, versions=result.versions))
+    await _save_batch(conn, BatchResult(records=changed, versions=result.versions), value_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +149,10 @@ class RecallQuery:
     statuses: tuple[MemoryStatus, ...] = ("verified", "proposed")
     max_age: timedelta | None = None
     limit: int = 50
+    # A purpose policy's confinement (projections.access.policy): only these kinds and scopes
+    # (None: any), applied in the query, before ranking and limit.
+    kinds: frozenset[str] | None = None
+    scopes: frozenset[str] | None = None
 
 
 async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRecord]:
@@ -138,6 +167,8 @@ async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRe
             " AND (expires_at IS NULL OR expires_at > %(now)s)"
             " AND (%(scope)s::text IS NULL OR scope = %(scope)s)"
             " AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+            " AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s))"
+            " AND (%(scopes)s::text[] IS NULL OR scope = ANY(%(scopes)s))"
             " AND (%(oldest)s::timestamptz IS NULL OR observed_at >= %(oldest)s)"
             " ORDER BY observed_at DESC, memory_id LIMIT %(limit)s",
             {
@@ -148,6 +179,8 @@ async def recall(conn: Conn, query: RecallQuery, now: datetime) -> list[MemoryRe
                 "now": now,
                 "scope": query.scope,
                 "kind": query.kind,
+                "kinds": sorted(query.kinds) if query.kinds is not None else None,
+                "scopes": sorted(query.scopes) if query.scopes is not None else None,
                 "oldest": now - query.max_age if query.max_age else None,
                 "limit": query.limit,
             },

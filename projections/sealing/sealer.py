@@ -170,18 +170,25 @@ class Sealer:
             # an explicit ``"expires_at": null`` whether the producer sent null or nothing:
             # they are read as written (null removes the expiry), which is what memproj did
             # with both when they were applied, so replaying them rebuilds the same records.
-            raw = event.model_dump(mode="json", exclude_unset=True)
+            serializer = event.__pydantic_serializer__
             ref = _entity(event)
-            if ref is not None:
+            if ref is None:
+                # Nothing to seal: the event's JSON as it is (scalars and ids only: the same
+                # JSON orjson writes of the dump below), without a dict in between.
+                value = serializer.to_json(event, exclude_unset=True)
+            else:
+                # (``model_dump(mode="json", exclude_unset=True)``, without its Python wrapper.)
+                raw = serializer.to_python(event, mode="json", exclude_unset=True)
                 if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
                     sealed.erased += 1
                     sealed.erased_at.append(index)
                     raw = seal_erased(raw)
                 else:
                     raw = seal(raw, state.keys[ref])
+                value = orjson.dumps(raw)
             topic = f"{self._topics.prefix}{_raw_topic(event)}.sealed"
             key = f"{event.tenant_id}:{event.entity_id}".encode()
-            sealed.messages.append(OutboxMessage(topic, key, orjson.dumps(raw)))
+            sealed.messages.append(OutboxMessage(topic, key, value))
         return sealed
 
     def seals(self, event: Envelope) -> bool:

@@ -28,7 +28,7 @@ from projections.embeddings.indexer import (
     erasure_keys,
     plan_index,
 )
-from projections.embeddings.vectors import VectorStore
+from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
@@ -60,6 +60,7 @@ class EmbeddingsIndexer:
         writes: asyncio.Lock,
         keys: KeyStore,
     ) -> None:
+        check_embedder(vectors, embedder.name)  # a worker never mixes two models' vectors
         self._writes = writes
         self._keys = keys
         self._pool = pool

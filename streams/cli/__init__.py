@@ -16,6 +16,7 @@ from streams.cli.memory import memory, recall
 from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
 from streams.cli.replay import offsets, replay
+from streams.cli.serve import serve
 from streams.kafka_security import KafkaSecurityError
 from streams.settings import DevelopmentKeyRefused, Settings
 
@@ -54,6 +55,7 @@ for command in (
     dlq,
     deploy,
     keys,
+    serve,
 ):
     cli.add_command(command)
 

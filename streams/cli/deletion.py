@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,8 +14,9 @@ from projections.bookkeeping import Conn
 from projections.deletion import queries
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.cli.memory import parse_duration, parse_subject
+from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
 from streams.kafka import producer_config
-from streams.sample import iso, to_message
+from streams.sample import iso
 from topics.registry import DELETION_REQUESTS
 
 
@@ -30,30 +30,33 @@ def request_deletion(
     as_json: bool,
 ) -> None:
     settings = settings_of(ctx)
-    now = datetime.now(UTC)
-    deletion_id = f"del-{uuid.uuid4().hex}"
-    payload: dict[str, Any] = {"deletion_id": deletion_id, "target": target, "reason": reason}
-    if deadline:
-        payload["deadline_at"] = iso(now + parse_duration(deadline))
-    event = {
-        "event_id": str(uuid.uuid4()),
-        "event_type": "deletion.requested",
-        "schema_version": 1,
-        "tenant_id": tenant,
-        "occurred_at": iso(now),
-        "actor": {"type": "operator", "id": actor},
-        "payload": payload,
-    }
-    key, value = to_message(event)
+    try:
+        request = build_deletion_request(
+            tenant,
+            target,
+            reason,
+            ("operator", actor),
+            datetime.now(UTC),
+            parse_duration(deadline) if deadline else None,
+        )
+    except InvalidDeletionRequest as exc:
+        raise click.BadParameter(str(exc)) from None
     producer = Producer(producer_config(settings.kafka))
-    producer.produce(settings.topics.name(DELETION_REQUESTS), value, key)
+    producer.produce(settings.topics.name(DELETION_REQUESTS), request.value, request.key)
     if producer.flush(30):
         raise click.ClickException("the request was not delivered to Kafka")
     if as_json:
-        echo_json({"deletion_id": deletion_id, "tenant_id": tenant, "requested_at": iso(now)})
+        echo_json(
+            {
+                "deletion_id": request.deletion_id,
+                "tenant_id": tenant,
+                "requested_at": iso(request.requested_at),
+            }
+        )
     else:
         click.echo(
-            f"requested {deletion_id}; follow it with: memproj deletion status {deletion_id}"
+            f"requested {request.deletion_id}; follow it with:"
+            f" memproj deletion status {request.deletion_id}"
         )
 
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import re
+import shlex
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, LiteralString
+from urllib.parse import quote, urlencode
 
 import click
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from projections.access import keys, purposes
+from projections.access.proposals import DELETE, PROPOSE
 from projections.bookkeeping import Conn
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
@@ -328,3 +332,65 @@ def _print_report(report: dict[str, Any]) -> None:
             click.echo(f"  e.g. {dead['example']}")
     for command in memory["try"] + conversation["try"]:
         click.echo(f"try: {command}")
+
+
+# -- the HTTP API (issue 18) ------------------------------------------------------------------
+
+DEMO_PURPOSE = "demo"
+DEMO_ACTOR = "agent:demo"
+DEMO_SEARCH_TEXT = "what does this user prefer?"
+
+
+def curl_lines(
+    url: str, token: str, subject: tuple[str, str], purpose: str, text: str
+) -> list[str]:
+    """A ``curl`` of recall and one of semantic search about ``subject``, as a shell runs them."""
+    base = url.rstrip("/")
+    subject_path = "/".join(quote(part, safe="") for part in subject)
+    recall = f"{base}/v1/subjects/{subject_path}/memories?{urlencode({'purpose': purpose})}"
+    search = (
+        f"{base}/v1/subjects/{subject_path}/search?{urlencode({'purpose': purpose, 'text': text})}"
+    )
+    header = shlex.quote(f"Authorization: Bearer {token}")
+    return [f"curl -s -H {header} {shlex.quote(target)}" for target in (recall, search)]
+
+
+async def _demo_key(conn: Conn) -> tuple[str, tuple[str, str], str] | None:
+    """The subject with the most eligible memories, and a new key of its tenant whose
+    purpose reads everything (and may propose and delete)."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, subject_type, subject_id FROM memories"
+        " WHERE status IN ('verified', 'proposed') AND (expires_at IS NULL OR expires_at > now())"
+        " GROUP BY 1, 2, 3 ORDER BY count(*) DESC, 1, 2, 3 LIMIT 1"
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        return None
+    tenant, subject_type, subject_id = (str(value) for value in row)
+    now = datetime.now(UTC)
+    await purposes.set_policy(conn, tenant, DEMO_PURPOSE, ["*"], ["*"], True, now)
+    created = await keys.create_key(conn, tenant, DEMO_ACTOR, [DEMO_PURPOSE, PROPOSE, DELETE], now)
+    await conn.commit()
+    return tenant, (subject_type, subject_id), created.token
+
+
+@demo.command("api")
+@click.option(
+    "--url", help="where memproj serve answers (default http://MEMPROJ_API_HOST:MEMPROJ_API_PORT)"
+)
+@click.pass_context
+def demo_api(ctx: click.Context, url: str | None) -> None:
+    """Create a key for the demo's busiest subject's tenant (purpose "demo": every kind and
+    scope, conversations; and propose, delete) and print a curl of recall and of search."""
+    settings = settings_of(ctx)
+    found = with_connection(settings, _demo_key)
+    if found is None:
+        raise click.ClickException("no eligible memory to show: run memproj demo produce first")
+    tenant, subject, token = found
+    url = url or f"http://{settings.api_host}:{settings.api_port}"
+    click.echo(
+        f"the demo's API key for tenant {tenant} (actor {DEMO_ACTOR}, purposes {DEMO_PURPOSE},"
+        f" {PROPOSE}, {DELETE}); recall and search about {subject[0]}:{subject[1]}:"
+    )
+    for line in curl_lines(url, token, subject, DEMO_PURPOSE, DEMO_SEARCH_TEXT):
+        click.echo(line)

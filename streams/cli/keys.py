@@ -5,11 +5,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import click
 import psycopg
 
+from projections.access import keys as access_keys
+from projections.access import purposes as purposes_store
+from projections.access.policy import PurposePolicy
+from projections.bookkeeping import Conn
 from projections.deadletters.sealing import LetterSealer
 from projections.migrate import migrate
 from projections.sealing.keys import KeyStore
@@ -23,6 +29,8 @@ from projections.sealing.rotation import (
 )
 from streams.cli.common import echo_json, settings_of
 from streams.settings import Settings
+
+T = TypeVar("T")
 
 
 def sealers_of(settings: Settings) -> Sealers:
@@ -128,3 +136,188 @@ def keys_status(ctx: click.Context, as_json: bool) -> None:
         )
     else:
         click.echo(_describe(report, moved=False))
+
+
+# -- API keys and purposes (issue 18) -------------------------------------------------------
+
+
+def _with_migrated(settings: Settings, work: Callable[[Conn], Awaitable[T]]) -> T:
+    """Runs ``work`` on a connection to a schema migrated up to date (the API's tables come
+    with migration 012), committing what it does."""
+
+    async def run() -> T:
+        async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
+            await migrate(conn)
+            async with conn.transaction():
+                return await work(conn)
+
+    return asyncio.run(run())
+
+
+def _key_json(key: access_keys.ApiKey) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "tenant_id": key.tenant_id,
+        "actor": key.actor,
+        "purposes": list(key.purposes),
+        "created_at": key.created_at.isoformat(),
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+    }
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@keys.group("api")
+def keys_api() -> None:
+    """API keys of the HTTP API (memproj serve): each bound to one tenant, an actor and
+    purposes; only the hash of its secret is stored."""
+
+
+@keys_api.command("create")
+@click.option("--tenant", required=True)
+@click.option("--actor", required=True, help="who uses the key, e.g. agent:support-bot")
+@click.option("--purposes", required=True, help="comma-separated purposes the key may read under")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def keys_api_create(
+    ctx: click.Context, tenant: str, actor: str, purposes: str, as_json: bool
+) -> None:
+    """Create a key; the key itself (mpk_...) is printed once and cannot be shown again."""
+    names = _names(purposes)
+    if not names:
+        raise click.BadParameter("name at least one purpose", param_hint="--purposes")
+    created = _with_migrated(
+        settings_of(ctx),
+        lambda conn: access_keys.create_key(conn, tenant, actor, names, datetime.now(UTC)),
+    )
+    if as_json:
+        echo_json({**_key_json(created.key), "key": created.token})
+    else:
+        click.echo(created.token)
+        click.echo(
+            f"key {created.key.key_id} for tenant {tenant}, actor {actor}, purposes "
+            f"{', '.join(names)} (shown once: store it now)",
+            err=True,
+        )
+
+
+@keys_api.command("list")
+@click.option("--tenant")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def keys_api_list(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
+    """Every key (never a secret), revoked ones included."""
+    found = _with_migrated(settings_of(ctx), lambda conn: access_keys.list_keys(conn, tenant))
+    if as_json:
+        echo_json([_key_json(key) for key in found])
+        return
+    for key in found:
+        state = f"revoked {key.revoked_at.isoformat()}" if key.revoked_at else "active"
+        click.echo(
+            f"{key.key_id} {key.tenant_id:16} {key.actor:24} {','.join(key.purposes):32} {state}"
+        )
+
+
+@keys_api.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def keys_api_revoke(ctx: click.Context, key_id: str) -> None:
+    """Revoke a key (by its id, or the whole mpk_... key): refused from the next request on."""
+    presented = access_keys.parse_key(key_id)
+    wanted = presented.key_id if presented is not None else key_id
+    key = _with_migrated(
+        settings_of(ctx), lambda conn: access_keys.revoke_key(conn, wanted, datetime.now(UTC))
+    )
+    if key is None:
+        raise click.ClickException(f"no API key {wanted!r}")
+    click.echo(f"revoked {key.key_id} (tenant {key.tenant_id}, actor {key.actor})")
+
+
+def _policy_json(policy: PurposePolicy) -> dict[str, Any]:
+    return {
+        "tenant_id": policy.tenant_id,
+        "purpose": policy.purpose,
+        "kinds": sorted(policy.kinds),
+        "scopes": sorted(policy.scopes),
+        "conversations": policy.conversations,
+    }
+
+
+@keys.group("purpose")
+def keys_purpose() -> None:
+    """The purpose policy: which memory kinds and scopes a purpose may read, and whether it
+    reads conversations. A purpose without a policy reads nothing."""
+
+
+@keys_purpose.command("set")
+@click.option("--tenant", required=True)
+@click.option("--purpose", required=True)
+@click.option("--kinds", default="", help="comma-separated memory kinds; '*': any")
+@click.option("--scopes", default="*", show_default=True, help="comma-separated scopes; '*': any")
+@click.option(
+    "--conversations/--no-conversations",
+    default=False,
+    show_default=True,
+    help="may read messages, summaries and context views",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def keys_purpose_set(
+    ctx: click.Context,
+    tenant: str,
+    purpose: str,
+    kinds: str,
+    scopes: str,
+    conversations: bool,
+    as_json: bool,
+) -> None:
+    """Create or replace a purpose's policy."""
+    policy = _with_migrated(
+        settings_of(ctx),
+        lambda conn: purposes_store.set_policy(
+            conn, tenant, purpose, _names(kinds), _names(scopes), conversations, datetime.now(UTC)
+        ),
+    )
+    if as_json:
+        echo_json(_policy_json(policy))
+    else:
+        click.echo(_describe_policy(policy))
+
+
+def _describe_policy(policy: PurposePolicy) -> str:
+    return (
+        f"{policy.tenant_id} {policy.purpose}: kinds {','.join(sorted(policy.kinds)) or '-'},"
+        f" scopes {','.join(sorted(policy.scopes)) or '-'},"
+        f" conversations {'yes' if policy.conversations else 'no'}"
+    )
+
+
+@keys_purpose.command("list")
+@click.option("--tenant")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def keys_purpose_list(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
+    found = _with_migrated(
+        settings_of(ctx), lambda conn: purposes_store.list_policies(conn, tenant)
+    )
+    if as_json:
+        echo_json([_policy_json(policy) for policy in found])
+        return
+    for policy in found:
+        click.echo(_describe_policy(policy))
+
+
+@keys_purpose.command("remove")
+@click.option("--tenant", required=True)
+@click.option("--purpose", required=True)
+@click.pass_context
+def keys_purpose_remove(ctx: click.Context, tenant: str, purpose: str) -> None:
+    """Remove a purpose's policy: the purpose then reads nothing."""
+    removed = _with_migrated(
+        settings_of(ctx), lambda conn: purposes_store.remove_policy(conn, tenant, purpose)
+    )
+    if not removed:
+        raise click.ClickException(f"no policy for purpose {purpose!r} of tenant {tenant!r}")
+    click.echo(f"removed the policy of {tenant} {purpose}")

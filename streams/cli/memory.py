@@ -11,13 +11,12 @@ import click
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
-from projections.embeddings.embedder import HashingEmbedder
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.reads import Hydrated
-from streams.services import open_vector_store
+from streams.services import build_embedder, open_vector_store
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "": "days"}
@@ -93,7 +92,7 @@ def recall(
             if text is None:
                 return await reads.recall(conn, cache, query, now)
             vectors = open_vector_store(settings)
-            embedder = HashingEmbedder(settings.embedding_dim)
+            embedder = build_embedder(settings)
             return await reads.recall_by_text(conn, vectors, embedder, query, text, now)
         finally:
             await redis.aclose()

@@ -9,7 +9,7 @@ from projections.bookkeeping import Conn
 from projections.migrate import migrate
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.kafka import create_topics
-from streams.runtime import limit_malloc_arenas, tune_garbage_collection
+from streams.runtime import limit_malloc_arenas, tune_garbage_collection, use_system_arrow_pool
 from streams.worker import WORKER_KINDS, build_worker
 from topics.registry import ALL_TOPICS
 
@@ -97,6 +97,7 @@ def db_migrate(ctx: click.Context, schema: str | None) -> None:
 def worker(ctx: click.Context, kind: str) -> None:
     """Run a streaming worker (one consumer group per KIND) until stopped."""
     limit_malloc_arenas()  # before librdkafka's, LanceDB's and the agents' threads start
+    use_system_arrow_pool()  # before LanceDB imports pyarrow
     built = build_worker(settings_of(ctx), kind)
     tune_garbage_collection()
     built.execute_from_commandline()

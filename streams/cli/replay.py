@@ -132,6 +132,9 @@ def replay(
             click.echo(f"  {tenant}: live {counts['live']}, rebuilt {counts['rebuilt']}")
     else:
         click.echo("identical to the live projection (row counts and content checksums)")
+    if report.model_change is not None:
+        before, after = report.model_change
+        click.echo(f"embedder changed: the live vectors are of {before}, the rebuild's of {after}")
     if report.swapped and report.retired is None:
         click.echo("swapped in: the live vector table now holds the rebuild (old versions purged)")
     elif report.swapped:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from projections.deletion import store as deletion_store
@@ -28,6 +29,7 @@ import cpu_time
 import environment
 import erasure_load
 import freshness
+import http_api
 import pipeline
 import rss
 import scale_out
@@ -102,6 +104,22 @@ def test_the_benchmark_starts_only_real_worker_kinds() -> None:
     assert pipeline.pipeline_kinds(2) == ["memory", "memory"]
     started = {*pipeline.pipeline_kinds(1), *erasure_load.STORE_WORKERS, "monitor"}
     assert started <= set(WORKER_KINDS)
+
+
+def test_the_api_bench_asks_about_every_subject_once_per_phase() -> None:
+    subjects = {
+        orjson.loads(value)["payload"]["subject"]["id"]
+        for _, value in http_api.memory_events(400, 8, seed=1)
+    }
+    assert len(subjects) == 8
+    recall, cached, search = http_api.phases(8, recall_rate=4, search_rate=2, seconds=2, seed=1)
+    assert [phase.rate for phase in (recall, cached, search)] == [4, 4, 2]
+    assert cached.paths == recall.paths
+    assert sorted(path for path, _ in recall.paths) == sorted(
+        f"/v1/subjects/user/{s}/memories" for s in subjects
+    )
+    assert len({path for path, _ in search.paths}) == len(search.paths) == 4
+    assert all(query["text"] and query["purpose"] for _, query in search.paths)
 
 
 @pytest.mark.integration

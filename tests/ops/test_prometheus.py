@@ -22,12 +22,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from projections.embeddings.embedder import HashingEmbedder
-from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry, memory_entry_id
 from streams.cli import cli
 from streams.sample import EventFactory
 from streams.worker import CONSUMING_KINDS
+from support.embedders import embedder_of, vectors_of
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
@@ -291,8 +290,8 @@ def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
     assert (prometheus.value("sum(memproj_deletion_completion_seconds_count)") or 0) >= 1
 
     # A vector for the erased memory, written behind memproj's back, is found by the audit.
-    vectors = LanceVectorStore(env.settings.vector_store_path, env.settings.embedding_dim)
-    (vector,) = HashingEmbedder(env.settings.embedding_dim).embed(["likes jazz"])
+    vectors = vectors_of(env.settings)
+    (vector,) = embedder_of(env.settings).embed(["likes jazz"])
     vectors.upsert(
         [
             VectorEntry(

@@ -15,16 +15,22 @@ from hypothesis import strategies as st
 
 from projections.deletion.derived import match_of
 from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
+from projections.embeddings.factory import WORDLLAMA_NAME, build_embedder
 from projections.embeddings.lance import (
+    DIM_KEY,
     LanceShadows,
     LanceVectorStore,
+    lance_schema,
     replay_table_name,
     sql_string,
+    table_model,
 )
 from projections.embeddings.vectors import (
+    EmbedderMismatch,
     EntryRef,
     Match,
     VectorEntry,
+    check_embedder,
     memory_entry_id,
     message_entry_id,
 )
@@ -98,9 +104,75 @@ def test_upsert_refuses_a_vector_of_another_dimension(store: LanceVectorStore) -
 
 
 def test_a_table_of_another_dimension_is_refused(tmp_path: Path) -> None:
-    LanceVectorStore(tmp_path / "vectors", dim=8)
-    with pytest.raises(ValueError, match="another dimension"):
-        LanceVectorStore(tmp_path / "vectors", dim=16)
+    LanceVectorStore(tmp_path / "vectors", dim=8, model="hashing/8")
+    with pytest.raises(ValueError, match=r"embedder hashing/8.*configured embedder is hashing/16"):
+        LanceVectorStore(tmp_path / "vectors", dim=16, model="hashing/16")
+
+
+# -- the embedder recorded with the vectors ------------------------------------------------
+
+
+def test_a_new_table_records_its_embedder_through_every_write(tmp_path: Path) -> None:
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+    assert table_model(tmp_path / "vectors") == "hashing/256"
+    assert (store.table.schema.metadata or {})[DIM_KEY] == b"256"
+    store.upsert([memory("m1", "likes jazz"), memory("m2", "plays tennis")])
+    store.remove(Match("tenant-a", memory_ids=("m1",)))
+    store.purge_history()  # rewrites the live rows: the record stays
+    assert table_model(tmp_path / "vectors") == "hashing/256"
+    assert ids(store.entries("tenant-a")) == {memory_entry_id("tenant-a", "m2")}
+
+
+def test_a_table_of_another_embedder_is_refused_naming_both(tmp_path: Path) -> None:
+    LanceVectorStore(tmp_path / "vectors", dim=256, model="hashing/256").upsert(
+        [memory("m1", "likes jazz")]
+    )
+    with pytest.raises(EmbedderMismatch) as refused:
+        LanceVectorStore(tmp_path / "vectors", dim=256, model=WORDLLAMA_NAME)
+    message = str(refused.value)
+    assert (
+        "embedder hashing/256" in message and f"configured embedder is {WORDLLAMA_NAME}" in message
+    )
+    assert "memproj replay embeddings" in message
+    # A read or a worker holding the store and an embedder of another model refuses as well.
+    store = LanceVectorStore(tmp_path / "vectors", dim=256, model="hashing/256")
+    with pytest.raises(EmbedderMismatch, match="memproj replay embeddings"):
+        check_embedder(store, WORDLLAMA_NAME)
+    check_embedder(store, EMBEDDER.name)
+
+
+def test_a_table_from_before_embedders_were_named_holds_hashing_vectors(tmp_path: Path) -> None:
+    import lancedb
+
+    lancedb.connect(tmp_path / "vectors").create_table("embeddings", schema=lance_schema(256))
+    assert table_model(tmp_path / "vectors") == "hashing/256"
+    LanceVectorStore(tmp_path / "vectors", dim=256, model="hashing/256")
+    with pytest.raises(EmbedderMismatch, match="hashing/256"):
+        LanceVectorStore(tmp_path / "vectors", dim=256, model=WORDLLAMA_NAME)
+
+
+def test_the_rebuild_replaces_vectors_and_model_in_one_commit(tmp_path: Path) -> None:
+    path = tmp_path / "vectors"
+    old = [memory("m1", "prefers email receipts"), memory("m2", "plays tennis on sundays")]
+    LanceVectorStore(path, dim=16, model="hashing/16").upsert(
+        [dataclasses.replace(entry, vector=(1.0,) + (0.0,) * 15) for entry in old]
+    )
+    model = build_embedder("wordllama", 256)
+    live = LanceVectorStore(path, dim=model.dim, model=model.name, adopt=True)
+    rebuilt = [
+        dataclasses.replace(entry, vector=tuple(vector))
+        for entry, vector in zip(
+            live.entries("tenant-a"), model.embed([e.text for e in old]), strict=True
+        )
+    ]
+    live.replace_all(rebuilt)
+    assert table_model(path) == model.name
+    assert live.history_versions() == 0  # nothing of the old model's vectors is left
+    reopened = LanceVectorStore(path, dim=model.dim, model=model.name)
+    (query,) = model.embed(["wants invoices by mail"])
+    assert reopened.search("tenant-a", query, 1)[0].entry.memory_id == "m1"
+    with pytest.raises(EmbedderMismatch, match=f"embedder {model.name}"):
+        LanceVectorStore(path, dim=16, model="hashing/16")
 
 
 # -- search ------------------------------------------------------------------------------
@@ -335,7 +407,7 @@ def test_old_versions_are_searched_for_what_was_removed(store: LanceVectorStore)
 
 
 def test_purging_erases_removed_entries_from_the_files_on_disk(tmp_path: Path) -> None:
-    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     canary = "CANARY-7d1f a removed memory"
     # One write: all entries share one data file, of which the removal deletes only 5 %.
     # Compaction alone leaves such a file in place, the removed row masked but on disk.
@@ -368,8 +440,8 @@ def test_purging_an_unchanged_table_keeps_every_entry(store: LanceVectorStore) -
 
 
 def test_another_store_on_the_same_path_sees_the_writes(tmp_path: Path) -> None:
-    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
-    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     assert reader.count() == 0
 
     first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
@@ -392,8 +464,8 @@ def test_another_store_on_the_same_path_sees_the_writes(tmp_path: Path) -> None:
 def test_a_reader_whose_version_was_cleaned_up_reopens_the_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
-    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    writer = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+    reader = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     first, second = memory("m1", "likes jazz"), memory("m2", "likes opera")
     writer.upsert([first, second])
     assert reader.get("tenant-a", [first.id]) == [first]
@@ -503,8 +575,8 @@ def test_an_erasure_reaches_a_rebuild_table_left_behind_and_old_ones_are_dropped
     """A killed ``memproj replay embeddings`` leaves its table: erasures reach it until the
     rebuild grace period drops it."""
     path = tmp_path / "vectors"
-    live = LanceVectorStore(path, dim=EMBEDDER.dim)
-    shadows = LanceShadows(path, EMBEDDER.dim)
+    live = LanceVectorStore(path, dim=EMBEDDER.dim, model=EMBEDDER.name)
+    shadows = LanceShadows(path, EMBEDDER.dim, model=EMBEDDER.name)
     created = T0 + timedelta(days=1)
     left_behind = shadows.open(replay_table_name(created))
     alice = memory("m_alice", "alice's memory", tenant_id="acme")
@@ -545,7 +617,7 @@ def subject_erasure(deletion_id: str, tenant_id: str, subject_id: str, memories:
 
 
 def test_a_batch_of_erasures_is_removed_with_one_purge_and_verified_each(tmp_path: Path) -> None:
-    store = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim)
+    store = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
 
     def about(subject_id: str, memories: int, tenant_id: str = "acme") -> list[VectorEntry]:
         subject = ("user", subject_id)
@@ -584,7 +656,7 @@ def test_a_batch_erasure_reports_what_is_left_per_tombstone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check is per tombstone: an old version the purge left is on each of them."""
-    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     store.upsert([memory("alice-0", "alice's fact", "acme", ("user", "alice"))])
     store.upsert([memory("bob-0", "bob's fact", "acme", ("user", "bob"))])
     monkeypatch.setattr(store, "purge_history", lambda: None)  # a purge that did nothing
@@ -607,11 +679,11 @@ def test_the_store_is_opened_on_first_use_and_not_by_an_audit_of_no_erasure(
 
     def vectors() -> LanceVectorStore:
         opened.append("vectors")
-        return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+        return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
 
     def shadows() -> LanceShadows:
         opened.append("shadows")
-        return LanceShadows(tmp_path / "vectors", EMBEDDER.dim)
+        return LanceShadows(tmp_path / "vectors", EMBEDDER.dim, model=EMBEDDER.name)
 
     embeddings = EmbeddingsStore(vectors, asyncio.Lock(), ProbeSealer(new_data_key()), shadows)
     assert asyncio.run(embeddings.ghosts(None, {})) == []  # type: ignore[arg-type]

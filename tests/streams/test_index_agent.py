@@ -70,7 +70,7 @@ def indexer_of(
 
 @pytest.mark.integration
 def test_an_index_batch_waiting_for_a_purge_holds_no_tenant_lock(env: Env, tmp_path: Path) -> None:
-    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     vectors.upsert([memory("m1", "a fact", "acme", ("user", "u1"))])
     dsn = env.settings.postgres_dsn
 
@@ -107,7 +107,7 @@ def tenant_lock_awaited(dsn: str, tenant: str) -> bool:
 def test_an_index_batch_waiting_for_a_deletion_holds_no_write_lock(
     env: Env, tmp_path: Path
 ) -> None:
-    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     vectors.upsert([memory("m1", "a fact", "acme", ("user", "u1"))])
     dsn = env.settings.postgres_dsn
 
@@ -135,7 +135,7 @@ def test_an_index_batch_waiting_for_a_deletion_holds_no_write_lock(
 
 @pytest.mark.integration
 def test_the_removals_of_an_index_batch_are_one_delete(env: Env, tmp_path: Path) -> None:
-    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     vectors.upsert([memory(f"m{n}", f"fact {n}", "acme", ("user", "u1")) for n in range(4)])
     versions_before = vectors.history_versions()
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -127,3 +127,137 @@ def test_batches_applied_as_one_stay_within_the_event_bound() -> None:
     applies, acked = applied_during_a_busy_apply(max_events=3)
     assert applies == [[0], [1, 2, 3], [4]]
     assert acked == [(0,), (1,), (2, 3), (4,)]
+
+
+@dataclass
+class TwoStepHandler:
+    """A ``CommittingHandler``: records commits and publications; each publication waits
+    until its gate (by the first offset of its batch) is opened."""
+
+    name: str = "two-step"
+    events: list[str] = field(default_factory=list)
+    gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    committed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    failing: frozenset[int] = frozenset()
+
+    def gate(self, offset: int) -> asyncio.Event:
+        return self.gates.setdefault(offset, asyncio.Event())
+
+    async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> object:
+        raise AssertionError("the loop commits a committing handler's batches")
+
+    async def commit(self, messages: Sequence[InputMessage], isolation: Isolation) -> Publishing:
+        first = messages[0].offset
+        async with self.committed:
+            self.events.append(f"commit {first}")
+            self.committed.notify_all()
+        return Publishing(self, first)
+
+
+@dataclass
+class Publishing:
+    handler: TwoStepHandler
+    first: int
+
+    async def publish(self) -> None:
+        self.handler.events.append(f"publishing {self.first}")
+        await self.handler.gate(self.first).wait()
+        if self.first in self.handler.failing:
+            raise RuntimeError("the broker refused it")
+        self.handler.events.append(f"published {self.first}")
+
+
+@dataclass
+class ListSource:
+    """Hands out its batches one by one as the test allows, then never ends."""
+
+    batches_to_give: asyncio.Queue[Batch] = field(default_factory=asyncio.Queue)
+    events: list[str] = field(default_factory=list)
+    acked: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def batches(self) -> AsyncIterator[Batch]:
+        while True:
+            yield await self.batches_to_give.get()
+
+    async def ack(self, batch: Batch) -> None:
+        async with self.acked:
+            self.events.append(f"ack {batch.token}")
+            self.acked.notify_all()
+
+
+def two_step_loop(handler: TwoStepHandler, stops: Stops) -> BatchLoop:
+    metrics = Metrics(CollectorRegistry())
+    isolation = Isolation(CircuitBreaker(handler.name), metrics, memory_dead_letters())
+    limits = BatchLimits(max_events=100, max_wait_seconds=0.01, max_bytes=1 << 20)
+    return BatchLoop(handler, isolation, limits, metrics, stops, max_backoff_seconds=0.01)
+
+
+async def wait_for(condition: asyncio.Condition, predicate: Callable[[], bool]) -> None:
+    async with condition:
+        await condition.wait_for(predicate)
+
+
+def test_a_batch_commits_while_the_one_before_publishes_and_each_is_acknowledged_after_it() -> None:
+    async def run() -> list[str]:
+        handler, source = TwoStepHandler(), ListSource()
+        loop = two_step_loop(handler, Stops())
+        running = asyncio.create_task(loop.run(source))
+        source.batches_to_give.put_nowait(batch(0))
+        await wait_for(handler.committed, lambda: "commit 0" in handler.events)
+        source.batches_to_give.put_nowait(batch(1))
+        # Batch 1 commits while batch 0's publication is held; its own publication waits.
+        await wait_for(handler.committed, lambda: "commit 1" in handler.events)
+        source.batches_to_give.put_nowait(batch(2))
+        handler.gate(1).set()
+        handler.gate(2).set()
+        handler.gate(0).set()
+        await wait_for(source.acked, lambda: len(source.events) == 3)
+        running.cancel()
+        await asyncio.wait((running,))
+        return [*handler.events, *source.events]
+
+    events = asyncio.run(run())
+    assert events.index("commit 1") < events.index("published 0")
+    publications = [e for e in events if e.startswith("publishing")]
+    assert publications == ["publishing 0", "publishing 1", "publishing 2"]  # in commit order
+    assert events.index("published 0") < events.index("publishing 1")  # one at a time
+    assert [e for e in events if e.startswith("ack")] == ["ack (0,)", "ack (1,)", "ack (2,)"]
+
+
+def test_the_drain_waits_for_the_publication_in_progress() -> None:
+    async def run() -> tuple[bool, list[str]]:
+        handler, source = TwoStepHandler(), ListSource()
+        loop = two_step_loop(handler, Stops())
+        running = asyncio.create_task(loop.run(source))
+        source.batches_to_give.put_nowait(batch(0))
+        await wait_for(handler.committed, lambda: "commit 0" in handler.events)
+        # The writer is idle, batch 0's publication held.
+        draining = asyncio.create_task(loop.drain(within_seconds=60))
+        handler.gate(0).set()
+        drained = await draining
+        running.cancel()
+        await asyncio.wait((running,))
+        return drained, [*handler.events, *source.events]
+
+    drained, events = asyncio.run(run())
+    assert drained
+    assert events == ["commit 0", "publishing 0", "published 0", "ack (0,)"]
+
+
+def test_a_failed_publication_stops_the_worker_and_its_batch_is_not_acknowledged() -> None:
+    async def run() -> tuple[list[BaseException], list[str]]:
+        handler, source, stops = TwoStepHandler(failing=frozenset({0})), ListSource(), Stops()
+        loop = two_step_loop(handler, stops)
+        running = asyncio.create_task(loop.run(source))
+        source.batches_to_give.put_nowait(batch(0))
+        await wait_for(handler.committed, lambda: "commit 0" in handler.events)
+        handler.gate(0).set()
+        source.batches_to_give.put_nowait(batch(1))
+        await wait_for(handler.committed, lambda: "commit 1" in handler.events)
+        await asyncio.wait((running,))  # the writer ends: the loop returns
+        return stops.stopped, [*handler.events, *source.events]
+
+    stopped, events = asyncio.run(run())
+    assert [str(exc) for exc in stopped] == ["the broker refused it"]
+    assert not [e for e in events if e.startswith("ack")]
+    assert "publishing 1" not in events  # committed, not published: its rows wait in the outbox

@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 from redis import Redis
 
-from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.fields import seal
@@ -39,6 +38,7 @@ from streams.audit.stores import file_holds, namespace_pattern
 from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
+from support.embedders import vectors_of
 from topics.registry import (
     CONVERSATION_REJECTIONS,
     DELETION_ACKS,
@@ -214,7 +214,7 @@ def _plant_redis_and_files(env: Any, marker: str) -> None:
     left.parent.mkdir(parents=True, exist_ok=True)
     left.write_bytes(json.dumps({"text": marker}).encode())  # \u escapes, as Python writes
     # Enough entries that LanceDB compresses the text column: no byte search finds it there.
-    store = LanceVectorStore(env.settings.vector_store_path, env.settings.embedding_dim)
+    store = vectors_of(env.settings)
     now = datetime.now(UTC)
     store.upsert(
         [
@@ -232,7 +232,7 @@ def _plant_redis_and_files(env: Any, marker: str) -> None:
                 text=f"entry {i} holds nothing much " * 10 + (marker if i == 1234 else ""),
                 version=1,
                 occurred_at=now,
-                vector=(0.5,) * env.settings.embedding_dim,
+                vector=(0.5,) * store.dim,
             )
             for i in range(5000)
         ]

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import gc
+import os
 import platform
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from streams.runtime import YOUNG_THRESHOLD, limit_malloc_arenas, tune_garbage_collection
+from streams.runtime import (
+    YOUNG_THRESHOLD,
+    limit_malloc_arenas,
+    tune_garbage_collection,
+    use_system_arrow_pool,
+)
 
 
 @pytest.fixture
@@ -39,3 +47,40 @@ def test_an_operators_malloc_arena_max_is_left_as_glibc_read_it(
 def test_malloc_arenas_are_capped_where_glibc_allocates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     assert limit_malloc_arenas() is True
+
+
+def test_an_operators_arrow_memory_pool_is_left_as_pyarrow_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    assert use_system_arrow_pool() is False
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
+
+
+def test_pyarrow_allocates_with_the_system_malloc_once_chosen_before_its_import() -> None:
+    # A process of its own: pyarrow reads its pool once, at its first import.
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    program = (
+        "from streams.runtime import use_system_arrow_pool\n"
+        "assert use_system_arrow_pool()\n"
+        "import pyarrow\n"
+        "print(pyarrow.default_memory_pool().backend_name)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "system"
+
+
+def test_pyarrow_imported_before_is_switched_to_the_system_malloc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyarrow
+
+    before = pyarrow.default_memory_pool()
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    try:
+        assert use_system_arrow_pool() is True
+        assert pyarrow.default_memory_pool().backend_name == "system"
+    finally:
+        pyarrow.set_memory_pool(before)

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from projections.deletion.verify import verify
-from projections.embeddings.embedder import HashingEmbedder, memory_text
+from projections.embeddings.embedder import memory_text
 from projections.embeddings.vectors import memory_entry_id
 from projections.sealing.fields import entity_of
 from projections.sealing.sealer import Sealer
@@ -24,6 +24,7 @@ from support.deletion_scenario import (
     stores_of,
     wait_verified,
 )
+from support.embedders import embedder_of
 from topics.registry import MEMORY_EVENTS, MEMORY_SEALED
 from topics.schemas import default_schemas
 
@@ -127,7 +128,7 @@ def test_probes_are_sealed_searchable_and_gone_at_the_deadline_when_a_store_neve
     ]
     # Stored sealed: no plaintext vector, nothing a guess can be compared with.
     assert all(vector is None and sealed is not None for _, _, vector, sealed in rows)
-    embedder, probes = HashingEmbedder(env.settings.embedding_dim), probe_sealer(env.settings)
+    embedder, probes = embedder_of(env.settings), probe_sealer(env.settings)
     (allergy,) = embedder.embed([memory_text({"text": "allergic to peanuts"}, "preference")])
     sealed_allergy = bytes(rows[0][3])
     assert probes.open("acme", "d_alice", "memory", "mem_allergy", sealed_allergy) == allergy

@@ -13,7 +13,6 @@ import orjson
 import pytest
 
 from projections.conversation.published import PublishedMessage, parse_record
-from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import Match, message_entry_id
 from projections.sealing.crypto import parse_master_key
@@ -21,6 +20,7 @@ from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore
 from streams.replay import replay_embeddings
 from streams.sample import EventFactory
+from support.embedders import embedder_of, vectors_of
 from topics.registry import CONVERSATION_EVENTS, CONVERSATION_MESSAGES, DELETION_REQUESTS
 
 pytestmark = pytest.mark.integration
@@ -30,12 +30,12 @@ LEGACY_SAYS = "BOB-LEGACY-5d1b: written before the topic was sealed"
 
 
 def vectors(env: Any) -> LanceVectorStore:
-    return LanceVectorStore(env.settings.vector_store_path, env.settings.embedding_dim)
+    return vectors_of(env.settings)
 
 
 def found_by_text(env: Any, text: str) -> str | None:
     """The id of the nearest entry of acme to ``text``, when it is that text."""
-    (vector,) = HashingEmbedder(env.settings.embedding_dim).embed([text])
+    (vector,) = embedder_of(env.settings).embed([text])
     hits = vectors(env).search("acme", vector, 1)
     return hits[0].entry.id if hits and hits[0].entry.text == text else None
 

@@ -279,7 +279,7 @@ def subject_erasure(deletion_id: str, subject_id: str, store: str) -> Tombstone:
 def test_a_batch_of_erasures_of_several_subjects_takes_one_purge_of_the_vectors(
     tmp_path: Path,
 ) -> None:
-    vectors = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim)
+    vectors = CountingPurges(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     subjects = ["alice", "bob", "carol"]
     for name in [*subjects, "dave"]:  # one upsert each: old versions to purge
         vectors.upsert(

@@ -9,7 +9,6 @@ from typing import Any
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import queries as ledger
-from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import Match
 from projections.memory.store import RecallQuery
@@ -17,6 +16,7 @@ from projections.stores import DerivedStore, open_all
 from streams import reads
 from streams.sample import EventFactory
 from streams.services import StoreSupplies, make_pool
+from support.embedders import embedder_of, vectors_of
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
 ALICE = ("user", "alice")
@@ -79,7 +79,7 @@ def seed(env: Any, f: EventFactory, tenant: str = "acme") -> None:
 
 
 def vectors(env: Any) -> LanceVectorStore:
-    return LanceVectorStore(env.settings.vector_store_path, env.settings.embedding_dim)
+    return vectors_of(env.settings)
 
 
 def wait_indexed(env: Any, tenant: str, count: int) -> None:
@@ -132,7 +132,7 @@ def semantic_recall(env: Any, tenant: str, subject: tuple[str, str], text: str) 
         return await reads.recall_by_text(
             conn,
             vectors(env),
-            HashingEmbedder(env.settings.embedding_dim),
+            embedder_of(env.settings),
             query,
             text,
             datetime.now(UTC),

@@ -75,4 +75,4 @@ def ids(entries: Iterable[VectorEntry]) -> set[str]:
 @pytest.fixture
 def store(tmp_path: Path) -> LanceVectorStore:
     """An empty LanceDB vector store on disk, for the embedder the entries use."""
-    return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim)
+    return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)

@@ -1,0 +1,105 @@
+"""One JSON error body for every refusal: ``{"error": {"code": ..., "message": ...}}``.
+
+Routes raise ``ApiError``; FastAPI's own refusals (validation, unknown route, wrong method)
+and anything unexpected are turned into the same body, so a client parses one shape for
+400, 401, 403, 404, 413, 422, 429 and 5xx alike. A 5xx never carries the exception's text
+(it can name hosts or values), only its code.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(code=code, message=message))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+# The documented error answers of every route (OpenAPI), by status.
+_DESCRIPTIONS = {
+    400: "malformed request",
+    401: "no valid API key",
+    403: "outside the key's tenant or purpose",
+    404: "not found (or not the key's tenant's)",
+    413: "request body too large",
+    422: "invalid parameters or body",
+    429: "rate limit exceeded (Retry-After says when to retry)",
+    500: "internal error",
+    503: "a dependency did not take the write (nothing was accepted): retry",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {
+        status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses
+    }
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    422: "invalid_request",
+    429: "rate_limited",
+}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        headers = dict(exc.headers) if exc.headers else None
+        return error_response(exc.status_code, code, str(exc.detail), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Locations and messages only: pydantic's "input" would echo what was sent.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            for error in exc.errors()
+        )
+        return error_response(422, "invalid_request", problems[:2000])
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, "internal_error", f"internal error ({type(exc).__name__})")

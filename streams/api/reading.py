@@ -1,0 +1,75 @@
+"""One audited read: the purpose checked against the key, its policy loaded, the read run
+under it, and the decision recorded (``projections.access.audit``), refused or not.
+
+A refusal (403) is recorded as ``denied`` before it is answered; an answered read as
+``allowed`` with the ids it returned and those it filtered (the guard's drops, and hydrated
+candidates outside the request's filters). Ids only, never content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request
+
+from projections.access import audit
+from projections.access.policy import DENIED, PolicyRefusal, PurposePolicy, ReadDecision
+from projections.bookkeeping import Conn
+from streams.api.auth import Principal, policy_of
+from streams.api.errors import ApiError
+from streams.api.metrics import UNMATCHED
+from streams.api.services import ApiServices
+
+T = TypeVar("T")
+
+Read = Callable[[Conn, PurposePolicy | None], Awaitable[tuple[T, ReadDecision]]]
+
+
+def route_of(request: Request) -> str:
+    route = request.scope.get("route")
+    return str(getattr(route, "path", UNMATCHED))
+
+
+async def audited_read(
+    services: ApiServices,
+    principal: Principal,
+    request: Request,
+    purpose: str,
+    subject: str | None,
+    read: Read[T],
+) -> T:
+    route = route_of(request)
+
+    async def record(conn: Conn, decision: ReadDecision) -> None:
+        entry = audit.AuditEntry(
+            services.clock(),
+            principal.key_id,
+            principal.tenant_id,
+            principal.actor,
+            purpose,
+            route,
+            subject,
+            decision,
+        )
+        async with conn.transaction():
+            await audit.record(conn, entry)
+
+    try:
+        policy = await policy_of(services, principal, purpose)
+    except ApiError:
+        async with services.pool.connection() as conn:
+            await record(conn, DENIED)
+        raise
+    async with services.pool.connection() as conn:
+        try:
+            answer, decision = await read(conn, policy)
+        except PolicyRefusal as refusal:
+            await record(conn, DENIED)
+            raise ApiError(403, refusal.code, refusal.message) from None
+        except ApiError as error:
+            if error.status == 404:
+                await record(conn, ReadDecision("allowed"))
+            raise
+        await record(conn, decision)
+    return answer

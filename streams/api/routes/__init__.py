@@ -1,0 +1,1 @@
+"""The API's routes under /v1, one module per resource."""

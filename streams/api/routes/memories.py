@@ -1,0 +1,237 @@
+"""Reading memories: recall by exact filters, semantic search, one memory with its history.
+
+Every route reads the key's tenant only, under the request's purpose: the purpose's kinds and
+scopes go into the query (before ranking and the limit), and a request naming a kind or scope
+its purpose may not read is refused (403). Every candidate is hydrated through the projection
+and the erasure index (``streams.reads``); what the guard dropped is counted in the answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+
+from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
+from projections.bookkeeping import Conn
+from projections.memory import store as memory_store
+from projections.memory.store import RecallQuery
+from streams import reads
+from streams.api.auth import CurrentPrincipal, Principal, Services
+from streams.api.errors import ApiError, error_responses
+from streams.api.reading import audited_read, route_of
+from streams.api.services import ApiServices
+from topics.api.models import Blocked, MemoryDetail, MemoryList, MemoryVersion
+
+router = APIRouter(prefix="/v1", tags=["memories"])
+
+_READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
+
+# Names are printable: PostgreSQL's text refuses NUL, and a control character is no id.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+Identifier = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+PurposeParam = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=200,
+        pattern=NAME_PATTERN,
+        description="why the caller reads: one of the key's purposes",
+    ),
+]
+ScopeParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+KindParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+StatusParam = Annotated[
+    list[Literal["verified", "proposed"]] | None,
+    Query(description="statuses to return (repeatable); default verified and proposed"),
+]
+MaxAgeParam = Annotated[
+    float | None,
+    Query(
+        gt=0, le=100 * 365 * 86400, description="only memories observed within this many seconds"
+    ),
+]
+LimitParam = Annotated[int, Query(ge=1, le=1000)]
+
+
+def blocked_of(blocked: Mapping[str, Counter[str]]) -> Blocked:
+    stores = {store: dict(reasons) for store, reasons in blocked.items() if reasons}
+    return Blocked(total=sum(sum(r.values()) for r in stores.values()), stores=stores)
+
+
+def _query(
+    principal: Principal,
+    policy: PurposePolicy | None,
+    subject: tuple[str, str],
+    scope: str | None,
+    kind: str | None,
+    status: list[Literal["verified", "proposed"]] | None,
+    max_age: float | None,
+    limit: int,
+) -> RecallQuery:
+    filters = memory_filters(policy, kind=kind, scope=scope)
+    return RecallQuery(
+        tenant_id=principal.tenant_id,
+        subject_type=subject[0],
+        subject_id=subject[1],
+        scope=scope,
+        kind=kind,
+        statuses=tuple(dict.fromkeys(status)) if status else ("verified", "proposed"),
+        max_age=timedelta(seconds=max_age) if max_age is not None else None,
+        limit=limit,
+        kinds=filters.kinds,
+        scopes=filters.scopes,
+    )
+
+
+def _answer(
+    services: ApiServices, request: Request, hydrated: reads.Hydrated
+) -> tuple[MemoryList, ReadDecision]:
+    services.metrics.blocked_reads(route_of(request), hydrated.blocked)
+    answer = MemoryList(memories=hydrated.records, blocked=blocked_of(hydrated.blocked))
+    decision = allowed(
+        (r.memory_id for r in hydrated.records), [*hydrated.blocked_ids, *hydrated.filtered_ids]
+    )
+    return answer, decision
+
+
+@router.get(
+    "/subjects/{subject_type}/{subject_id}/memories",
+    response_model=MemoryList,
+    responses=_READ_ERRORS,
+    summary="Recall: a subject's eligible memories by exact filters",
+    operation_id="recall",
+)
+async def recall(
+    request: Request,
+    services: Services,
+    principal: CurrentPrincipal,
+    subject_type: Identifier,
+    subject_id: Identifier,
+    purpose: PurposeParam,
+    scope: ScopeParam = None,
+    kind: KindParam = None,
+    status: StatusParam = None,
+    max_age_seconds: MaxAgeParam = None,
+    limit: LimitParam = 50,
+) -> MemoryList:
+    """Never revoked, superseded, expired, erased or another tenant's; newest observation
+    first. Through the cache; every cached candidate is re-read through the projection."""
+
+    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
+        query = _query(
+            principal,
+            policy,
+            (subject_type, subject_id),
+            scope,
+            kind,
+            status,
+            max_age_seconds,
+            limit,
+        )
+        hydrated = await reads.recall(conn, services.cache, query, services.clock())
+        return _answer(services, request, hydrated)
+
+    subject = f"{subject_type}:{subject_id}"
+    return await audited_read(services, principal, request, purpose, subject, read)
+
+
+@router.get(
+    "/subjects/{subject_type}/{subject_id}/search",
+    response_model=MemoryList,
+    responses=_READ_ERRORS,
+    summary="Semantic search: a subject's memories nearest to a text",
+    operation_id="search",
+)
+async def search(
+    request: Request,
+    services: Services,
+    principal: CurrentPrincipal,
+    subject_type: Identifier,
+    subject_id: Identifier,
+    purpose: PurposeParam,
+    text: Annotated[str, Query(min_length=1, max_length=4096)],
+    scope: ScopeParam = None,
+    kind: KindParam = None,
+    status: StatusParam = None,
+    max_age_seconds: MaxAgeParam = None,
+    limit: LimitParam = 10,
+) -> MemoryList:
+    """The vector store proposes candidates (the tenant's and subject's only, filtered before
+    ranking); each is hydrated through the projection and the erasure index, and those the
+    request's filters or purpose exclude are dropped; ``blocked`` counts the guard's drops."""
+
+    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
+        query = _query(
+            principal,
+            policy,
+            (subject_type, subject_id),
+            scope,
+            kind,
+            status,
+            max_age_seconds,
+            limit,
+        )
+        hydrated = await reads.recall_by_text(
+            conn, services.vectors, services.embedder, query, text, services.clock()
+        )
+        return _answer(services, request, hydrated)
+
+    subject = f"{subject_type}:{subject_id}"
+    return await audited_read(services, principal, request, purpose, subject, read)
+
+
+@router.get(
+    "/memories/{memory_id}",
+    response_model=MemoryDetail,
+    responses=_READ_ERRORS,
+    summary="One memory with its provenance and full history",
+    operation_id="get_memory",
+)
+async def get_memory(
+    request: Request,
+    services: Services,
+    principal: CurrentPrincipal,
+    memory_id: Identifier,
+    purpose: PurposeParam,
+) -> MemoryDetail:
+    """404 if the key's tenant has no such memory, or it is erased; 403 if the purpose may
+    not read its kind or scope."""
+
+    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryDetail, ReadDecision]:
+        memory_filters(policy)  # a purpose without a policy reads nothing
+        now = services.clock()
+        record = await memory_store.load_memory(conn, principal.tenant_id, memory_id)
+        if record is not None:
+            # The guard: an erasure the projection has not caught up with hides it too.
+            _, dropped, _ = await reads.hydrate(conn, principal.tenant_id, [(memory_id, None)], now)
+            if dropped["erased"] or dropped["deleted"]:
+                services.metrics.blocked_reads(route_of(request), {"projection": dropped})
+                record = None
+        if record is None:
+            raise ApiError(404, "not_found", f"no memory {memory_id!r}")
+        memory_filters(policy, kind=record.kind, scope=record.scope)
+        history = [
+            MemoryVersion(
+                version=entry.record.version,
+                status=entry.record.status,
+                value=entry.record.value,
+                source=entry.record.source.model_dump(mode="json"),
+                observed_at=entry.record.observed_at.isoformat(),
+                verification=entry.record.verification,
+                expires_at=entry.record.expires_at.isoformat() if entry.record.expires_at else None,
+                event_id=entry.event_id,
+                event_type=entry.event_type,
+                occurred_at=entry.occurred_at.isoformat(),
+                actor={"type": entry.actor_type, "id": entry.actor_id},
+                superseded_at=entry.superseded_at.isoformat() if entry.superseded_at else None,
+            )
+            for entry in await memory_store.load_history(conn, principal.tenant_id, memory_id)
+        ]
+        detail = MemoryDetail(memory=record, eligible=record.is_eligible(now), history=history)
+        return detail, allowed([memory_id])
+
+    return await audited_read(services, principal, request, purpose, f"memory:{memory_id}", read)

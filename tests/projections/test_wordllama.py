@@ -1,0 +1,118 @@
+"""The default embedder, WordLlama l2_supercat: offline, deterministic, unit float32 vectors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from array import array
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from projections.embeddings.embedder import Embedder, wordless_vector
+from projections.embeddings.factory import (
+    WORDLLAMA_DIM,
+    WORDLLAMA_NAME,
+    build_embedder,
+    embedder_identity,
+)
+from projections.embeddings.wordllama import MAX_TOKENS, WordLlamaEmbedder
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = [
+    "prefers email receipts",
+    "wants invoices by mail",
+    "the ferry to Helsinki is my favourite",
+    "Ünïcödé wörds, 東京 and emoji ☃ count too",
+]
+# Run in a fresh interpreter with every way out to the network refused: a connection attempt
+# (Hugging Face's download) raises instead of waiting on a network that is not there.
+OFFLINE = """
+import json, socket, sys
+
+def refuse(*args, **kwargs):
+    raise OSError("memproj test: no network")
+
+socket.socket.connect = refuse
+socket.socket.connect_ex = refuse
+socket.create_connection = refuse
+socket.getaddrinfo = refuse
+from projections.embeddings.factory import build_embedder
+
+embedder = build_embedder("wordllama", 256)
+print(json.dumps({"name": embedder.name, "vectors": embedder.embed(json.loads(sys.argv[1]))}))
+"""
+
+
+@cache
+def embedder() -> WordLlamaEmbedder:
+    return WordLlamaEmbedder()
+
+
+def cosine(first: list[float], second: list[float]) -> float:
+    return sum(a * b for a, b in zip(first, second, strict=True))
+
+
+def test_it_loads_from_the_wheel_without_any_network() -> None:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    # No cache either: the weights must come from the installed package itself.
+    environment["HOME"] = environment["XDG_CACHE_HOME"] = "/nonexistent"
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE, json.dumps(TEXTS)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert loaded["name"] == WORDLLAMA_NAME == "wordllama/l2_supercat/256"
+    # The same vectors in another process: a replay rebuilds what the worker built.
+    assert loaded["vectors"] == embedder().embed(TEXTS)
+
+
+def test_it_is_a_named_embedder_of_the_identity_the_factory_gives() -> None:
+    model: Embedder = embedder()
+    assert (model.name, model.dim) == (WORDLLAMA_NAME, WORDLLAMA_DIM)
+    identity = embedder_identity("wordllama", 8)  # the hashing dimension does not apply
+    assert (identity.name, identity.dim) == (model.name, model.dim)
+    assert isinstance(build_embedder("wordllama", 256), WordLlamaEmbedder)
+
+
+def test_vectors_are_unit_float32() -> None:
+    for vector in embedder().embed(TEXTS):
+        assert len(vector) == WORDLLAMA_DIM
+        assert array("f", vector).tolist() == vector  # exactly representable in float32
+        assert math.isclose(math.sqrt(sum(v * v for v in vector)), 1.0, rel_tol=1e-5)
+
+
+def test_a_text_gets_the_same_vector_alone_or_in_any_batch() -> None:
+    long_text = "a customer who writes long messages about many things " * 40
+    batch = [long_text, *TEXTS, "x"]
+    together = embedder().embed(batch)
+    alone = [embedder().embed([text])[0] for text in batch]
+    assert together == alone
+    assert embedder().embed(list(reversed(batch))) == list(reversed(together))
+    assert embedder().embed([]) == []
+
+
+def test_an_empty_text_gets_the_fixed_wordless_vector() -> None:
+    # No token to average (a space is a token of this model's vocabulary: it has a vector).
+    assert embedder().embed([""]) == [wordless_vector(WORDLLAMA_DIM)]
+
+
+def test_only_the_first_tokens_of_a_huge_text_count() -> None:
+    head = "the customer prefers email receipts and paper invoices " * (MAX_TOKENS // 4)
+    huge = head + "something else entirely about trains " * 20_000
+    first, whole = embedder().embed([head, huge])
+    assert cosine(first, whole) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_paraphrases_are_nearer_than_an_unrelated_sentence() -> None:
+    receipts, invoices, ferry, _ = embedder().embed(TEXTS)
+    assert cosine(receipts, invoices) > cosine(receipts, ferry) + 0.1

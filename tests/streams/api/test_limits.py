@@ -1,0 +1,73 @@
+"""The API's limits and probes against the running server: 429 with Retry-After past a
+key's rate, 413 past the body bound, /healthz, /readyz and /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Env
+
+from support.api_server import ApiServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_key_past_its_rate_gets_429_with_retry_after(api_env: Env, serve_api: Any) -> None:
+    server: ApiServer = serve_api(api_env, api_rate_limit="3/minute")
+    tenant = server.tenant()
+    server.set_purpose(tenant, "support")
+    key = server.create_key(tenant, ["support"])
+    other = server.create_key(tenant, ["support"])
+    path = "/v1/subjects/user/alice/memories"
+    with server.client(key.token) as client:
+        answers = [client.get(path, params={"purpose": "support"}) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    limited = answers[-1]
+    assert limited.json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    with server.client(other.token) as client:  # per key: the other's allowance is whole
+        assert client.get(path, params={"purpose": "support"}).status_code == 200
+
+
+def test_an_oversized_body_gets_413(api: ApiServer) -> None:
+    too_big = b"x" * (api.settings.api_max_body_bytes + 1)
+    with api.client() as client:
+        answer = client.post(
+            "/v1/subjects/user/alice/memories",
+            content=too_big,
+            headers={"Content-Type": "application/json"},
+        )
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "body_too_large"
+
+
+def test_probes_and_metrics(api: ApiServer) -> None:
+    with api.client() as client:
+        assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+        ready = client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {"status": "ready", "checks": {"postgres": "ok", "kafka": "ok"}}
+        client.get("/v1/subjects/user/alice/memories", params={"purpose": "x"})  # a 401
+        metrics = client.get("/metrics").text
+    assert (
+        'memproj_api_requests_total{method="GET",route="/v1/subjects/{subject_type}/{subject_id}'
+        '/memories",status="401"}' in metrics
+    )
+    assert 'memproj_api_request_seconds_bucket{le="0.001",method="GET",route="/healthz"' in metrics
+
+
+def test_replicas_share_a_keys_rate_in_redis(api_env: Env, serve_api: Any) -> None:
+    """MEMPROJ_API_RATE_LIMIT_STORAGE=redis: two servers count one key's requests together."""
+    overrides = {"api_rate_limit": "3/minute", "api_rate_limit_storage": "redis"}
+    first: ApiServer = serve_api(api_env, **overrides)
+    second: ApiServer = serve_api(api_env, **overrides)
+    tenant = first.tenant()
+    first.set_purpose(tenant, "support")
+    key = first.create_key(tenant, ["support"])
+    path = "/v1/subjects/user/alice/memories"
+    statuses = []
+    for server in (first, second, first, second):
+        with server.client(key.token) as client:
+            statuses.append(client.get(path, params={"purpose": "support"}).status_code)
+    assert statuses == [200, 200, 200, 429]
