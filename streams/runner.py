@@ -3,9 +3,15 @@
 The order of a batch, and why:
 
 1. In one PostgreSQL transaction: skip messages at or below the tracked offset (a
-   redelivery), decode the rest (invalid ones become dead letters), reduce, write the
+   redelivery), decode the rest (invalid ones become dead letters), load the state and
+   reduce; take the tenant locks (``Projection.lock``: if an erasure was recorded since the
+   state was read, the state is read again under them and reduced again); then write the
    projection, the processed event ids, the rejections, the outbox (every message to publish)
-   and the new tracking offsets.
+   and the new tracking offsets. A projection whose ``load`` takes the tenant locks itself
+   (the ledger, conversations) has nothing left to check at ``lock``; the memory projection
+   reads without them, so that a deletion waits only for the writing tail of its batches
+   (ops/decisions/erasure-latency.md). Either way the tenant locks are held before the
+   batch writes a row of a projection, so the lock order (tenant locks, then rows) holds.
 2. Publish the outbox to Kafka and wait until the broker has every message (flush the sink).
 3. Delete the published outbox rows.
 4. Only then does the caller acknowledge the input offsets to Kafka (commit offsets).
@@ -95,11 +101,25 @@ class Projection(Protocol[EventContra, StateT, OutcomeT]):
         """Whether the reducer decides each event once (and so needs the ids already seen)."""
         ...
 
+    @property
+    def locks_late(self) -> bool:
+        """Whether ``load`` reads without the tenant locks (``lock`` takes them and checks the
+        state); otherwise ``load`` takes them before it reads and ``lock`` has nothing to do."""
+        ...
+
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Read what decoding the batch needs (the sealed log's data keys), in its
         transaction."""
 
-    async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
+    async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT:
+        """The batch's state; writes nothing (a projection whose load takes the tenant locks
+        first may: it holds them)."""
+        ...
+
+    async def lock(self, conn: Conn, events: Sequence[EventContra], state: StateT) -> StateT:
+        """Take the tenant locks the batch writes under (if ``load`` did not); ``state`` if it
+        still holds, else the state read again under them (an erasure was recorded since)."""
+        ...
 
     def reduce(
         self, events: Sequence[EventContra], state: StateT, seen: dict[EventKey, bytes]
@@ -337,6 +357,11 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
             state = await projection.load(conn, events)
         with stage("reduce"):
             outcome = projection.reduce(events, state, seen)
+        with stage("lock"):
+            current = await projection.lock(conn, events, state)
+        if current is not state:
+            with stage("reduce"):
+                outcome = projection.reduce(events, current, seen)
         with stage("write"):
             await self._tracking.claim_processed(conn, projection.name, outcome.processed)
             await projection.save(conn, outcome)

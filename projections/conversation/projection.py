@@ -58,6 +58,10 @@ class ConversationProjection:
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
 
+    # ``load`` takes the shared tenant locks before it reads (the order of every projection
+    # before issue 17's late locks; see ``streams.runner``).
+    locks_late = False
+
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
         # Shared tenant locks before the erasure index is read (see projections.deletion.store).
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
@@ -70,6 +74,12 @@ class ConversationProjection:
             )
         ]
         return replace(state, erasures=await deletion_store.load_erasures(conn, keys))
+
+    async def lock(
+        self, conn: Conn, events: Sequence[ConversationEvent], state: ConversationState
+    ) -> ConversationState:
+        """``load`` read under the shared tenant locks: ``state`` holds."""
+        return state
 
     def reduce(
         self,

@@ -109,6 +109,7 @@ class LedgerProjection:
     input_specs = (DELETION_REQUESTS, DELETION_ACKS)
     rejections_spec = DELETION_REJECTIONS
     tracks_event_ids = True
+    locks_late = False  # ``load`` takes the tenant locks first
 
     def __init__(
         self,
@@ -142,6 +143,12 @@ class LedgerProjection:
             if request_key(e) not in states
         }
         return LedgerState(states, resolved)
+
+    async def lock(
+        self, conn: Conn, events: Sequence[LedgerEvent], state: LedgerState
+    ) -> LedgerState:
+        """``load`` read under the exclusive tenant locks: ``state`` holds."""
+        return state
 
     def reduce(
         self, events: Sequence[LedgerEvent], state: LedgerState, seen: dict[EventKey, bytes]

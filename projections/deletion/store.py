@@ -4,13 +4,18 @@ lifecycle afterwards is in ``lifecycle``).
 
 Consistency with the projections rests on one lock per tenant: a deletion takes it
 exclusively for its transaction; every projection batch, index update and cache fill takes it
-shared before it reads the erasure index. A write either commits before the deletion (and the
-deletion then removes it) or sees the erasure (and is refused).
+shared before it writes, and reads the erasure index under it: most before they read anything,
+the memory stage's batches after a first read without it, re-read under it (``read_erasures``,
+``erasures_changed``: the batch is read and reduced again if an erasure of its keys was
+recorded since). A write either commits before the deletion (and the deletion then removes
+it) or sees the erasure (and is refused).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from projections import rebuilds
@@ -83,10 +88,42 @@ async def hold_erasures(conn: Conn) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_ERASURES_LOCK,))
 
 
-async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
-    wanted = sorted(set(keys))
+ErasureRow = tuple[EntityKey, str, datetime]  # (key, deletion_id, cut_off)
+
+
+@dataclass(frozen=True, slots=True)
+class ErasuresRead:
+    """What one read of the erasure index found for a batch's keys: every row, so that a
+    read of the same keys later tells whether an erasure was recorded (or forgotten) since."""
+
+    keys: tuple[EntityKey, ...] = ()
+    rows: frozenset[ErasureRow] = frozenset()
+
+    @property
+    def index(self) -> ErasureIndex:
+        entries: dict[EntityKey, Erasure] = {}
+        for key, deletion_id, cut_off in self.rows:
+            known = entries.get(key)
+            if known is None or (cut_off, deletion_id) > (known.cut_off, known.deletion_id):
+                entries[key] = Erasure(deletion_id, cut_off)
+        return ErasureIndex(entries)
+
+
+async def read_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasuresRead:
+    wanted = tuple(sorted(set(keys)))
     if not wanted:
-        return ErasureIndex()
+        return ErasuresRead()
+    return ErasuresRead(wanted, await _erasure_rows(conn, wanted))
+
+
+async def erasures_changed(conn: Conn, read: ErasuresRead) -> bool:
+    """Whether an erasure of ``read``'s keys was recorded or forgotten since ``read``."""
+    if not read.keys:
+        return False
+    return await _erasure_rows(conn, read.keys) != read.rows
+
+
+async def _erasure_rows(conn: Conn, wanted: Sequence[EntityKey]) -> frozenset[ErasureRow]:
     cursor = await conn.execute(
         "SELECT e.tenant_id, e.entity_type, e.subject_type, e.entity_id, e.deletion_id, e.cut_off"
         " FROM erased_entities e"
@@ -94,20 +131,21 @@ async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
         " USING (tenant_id, entity_type, subject_type, entity_id)",
         (keyset_param(wanted),),
     )
-    entries: dict[EntityKey, Erasure] = {}
-    for (
-        tenant,
-        entity_type,
-        subject_type,
-        entity_id,
-        deletion_id,
-        cut_off,
-    ) in await cursor.fetchall():
-        key = (tenant, entity_type, subject_type, entity_id)
-        known = entries.get(key)
-        if known is None or cut_off > known.cut_off:
-            entries[key] = Erasure(deletion_id, cut_off)
-    return ErasureIndex(entries)
+    return frozenset(
+        ((tenant, entity_type, subject_type, entity_id), deletion_id, cut_off)
+        for (
+            tenant,
+            entity_type,
+            subject_type,
+            entity_id,
+            deletion_id,
+            cut_off,
+        ) in await cursor.fetchall()
+    )
+
+
+async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
+    return (await read_erasures(conn, keys)).index
 
 
 async def _column(conn: Conn, query: str, params: Sequence[Any]) -> list[Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from projections.bookkeeping import Conn, OutboxMessage
@@ -36,6 +36,8 @@ from topics.schemas import SchemaRegistry
 class MemoryState:
     records: Mapping[MemoryKey, MemoryRecord]
     erasures: ErasureIndex
+    # What was read of the erasure index, for ``MemoryProjection.lock``'s re-check.
+    read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
 
 
 class MemoryProjection:
@@ -63,25 +65,45 @@ class MemoryProjection:
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
 
+    # The batch's state is read without the tenant locks; ``lock`` takes them before anything
+    # is written and re-reads the erasures (see ``streams.runner``).
+    locks_late = True
+
     async def load(self, conn: Conn, events: Sequence[MemoryEvent]) -> MemoryState:
-        # Shared tenant locks first: a deletion of these tenants either committed before this
-        # point (and its erasures are read below) or waits until this batch commits.
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        """The batch's state, read without the tenant locks: ``lock`` tells whether it still
+        holds once they are taken."""
         records = await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
         return await self.state_of(conn, events, records)
+
+    async def lock(
+        self, conn: Conn, events: Sequence[MemoryEvent], state: MemoryState
+    ) -> MemoryState:
+        """Take the shared tenant locks: a deletion of these tenants either committed before
+        this point or waits until this batch commits. ``state`` if no erasure of its keys was
+        recorded since it was read; else the state read again, under the locks.
+
+        Every row an erasure removes that this batch reads (its memories' records) or writes
+        (records, versions, revocations, rejections) is about a memory whose erasure key is
+        recorded with it (the ledger records each erased memory's key, beside its subject's or
+        conversation's), and those keys are among the ones ``state`` was read for."""
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        if not await deletion_store.erasures_changed(conn, state.read):
+            return state
+        return await self.load(conn, events)
 
     async def state_of(
         self, conn: Conn, events: Sequence[MemoryEvent], records: Mapping[MemoryKey, MemoryRecord]
     ) -> MemoryState:
         """The state of a batch whose current records are known (``records``; a rebuild holds
-        them in memory): the erasures that may cover its events, read in its transaction,
-        after the tenant locks."""
+        them in memory): the erasures that may cover its events, read in its transaction
+        (a rebuild's after its tenant locks)."""
         keys = [
             key
             for event in events
             for key in erasure_keys(event, records.get((event.tenant_id, event.memory_id)))
         ]
-        return MemoryState(records, await deletion_store.load_erasures(conn, keys))
+        read = await deletion_store.read_erasures(conn, keys)
+        return MemoryState(records, read.index, read)
 
     def reduce(
         self, events: Sequence[MemoryEvent], state: MemoryState, seen: dict[EventKey, bytes]

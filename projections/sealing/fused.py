@@ -3,9 +3,15 @@
 
 ``SealingProjection(sealer, projection)`` is a ``streams.runner.Projection`` on the raw topic.
 Per batch, in the runner's one transaction: the sealer's codec validates each message once
-(invalid ones become dead letters, as the sealer made them); the shared tenant locks are
-taken, then the sealer's erasures and data keys (created where missing) and the projection's
-state are read; the validated events are sealed (``Sealer.reduce``: the sealed log's messages,
+(invalid ones become dead letters, as the sealer made them); the sealer's erasures and data
+keys and the projection's state are read. For a projection that locks late (memory) that
+read takes no tenant lock and writes nothing: a missing data key is made, not stored; once
+the batch is reduced, ``lock`` takes the shared tenant locks, re-reads the erasures of the
+same keys and stores the new keys, or, if an erasure was recorded since (or another worker
+stored one of the keys), reads again under the locks and the runner reduces again. For one
+that does not (conversations), the shared tenant locks are taken first, then everything is
+read and the missing keys created, as before issue 17's late locks. The validated events are
+sealed (``Sealer.reduce``: the sealed log's messages,
 erased entities written without their personal fields) and reduced by the projection's own
 reducer; the projection is saved, and the sealed messages are outbox outputs like
 ``memory.current``: same key, same order as their input partition. The runner tracks the raw
@@ -66,7 +72,16 @@ class SealedLogProjection(Protocol[EventContra, StateT, OutcomeT]):
     @property
     def tracks_event_ids(self) -> bool: ...
 
+    @property
+    def locks_late(self) -> bool:
+        """Whether ``load`` reads without the shared tenant locks and ``lock`` takes them and
+        says whether the state still holds (``streams.runner.Projection``); otherwise ``load``
+        takes them first and ``lock`` returns the state as it is."""
+        ...
+
     async def load(self, conn: Conn, events: Sequence[EventContra]) -> StateT: ...
+
+    async def lock(self, conn: Conn, events: Sequence[EventContra], state: StateT) -> StateT: ...
 
     def reduce(
         self, events: Sequence[EventContra], state: StateT, seen: dict[EventKey, bytes]
@@ -140,17 +155,43 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
     def tracks_event_ids(self) -> bool:
         return self.projection.tracks_event_ids
 
+    @property
+    def locks_late(self) -> bool:
+        return self.projection.locks_late
+
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         """Raw input is plaintext: nothing to prepare."""
 
     async def load(self, conn: Conn, events: Sequence[EventT]) -> FusedState[StateT]:
+        if self.projection.locks_late:
+            # Nothing written, no tenant lock: ``lock`` takes them and checks what was read.
+            sealing = await self.sealer.read(conn, events, locked=False)
+            return FusedState(sealing, await self.projection.load(conn, events))
         # The shared tenant locks first, once for the batch: a deletion of these tenants
         # either committed before (its erasures are read below, and no key is created for
         # what it erased) or waits until this batch commits. The projection's own load takes
         # them again (granted at once: this transaction holds them).
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        sealing = await self.sealer.load(conn, events, locked=True)
+        sealing = await self.sealer.read(conn, events, locked=True)
         return FusedState(sealing, await self.projection.load(conn, events))
+
+    async def lock(
+        self, conn: Conn, events: Sequence[EventT], state: FusedState[StateT]
+    ) -> FusedState[StateT]:
+        """The shared tenant locks, then ``state`` if it still holds (the sealer's proposed
+        keys stored), else what is read again under the locks: the sealer's part if an erasure
+        of its entities was recorded since it was read (or one of its keys was created by
+        another worker meanwhile), the projection's as the projection's ``lock`` says."""
+        if not self.projection.locks_late:
+            return state  # read under the locks
+        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        sealing = state.sealing
+        if not await self.sealer.confirm(conn, sealing):
+            sealing = await self.sealer.read(conn, events, locked=True)
+        projection = await self.projection.lock(conn, events, state.projection)
+        if sealing is state.sealing and projection is state.projection:
+            return state
+        return FusedState(sealing, projection)
 
     def reduce(
         self, events: Sequence[EventT], state: FusedState[StateT], seen: dict[EventKey, bytes]

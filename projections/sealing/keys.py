@@ -93,25 +93,32 @@ class KeyStore:
         missing = [ref for ref in wanted if ref not in found]
         if create and missing:
             fresh = {ref: new_data_key() for ref in missing}
-            cursor = await conn.execute(
-                "INSERT INTO entity_keys"
-                " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id)"
-                " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex'),"
-                " %s::smallint, %s"
-                f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
-                " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
-                (
-                    WRAP_FORMAT,
-                    self.key_id,
-                    keyset_param((*ref, self.wrap(ref, key).hex()) for ref, key in fresh.items()),
-                ),
-            )
-            for tenant, entity_type, entity_id in await cursor.fetchall():
-                ref = (tenant, entity_type, entity_id)
-                found[ref] = fresh[ref]
+            found.update({ref: fresh[ref] for ref in await self.add(conn, fresh)})
             # Another worker created the rest between the read and the insert.
             found.update(await self._stored(conn, [ref for ref in missing if ref not in found]))
         return found
+
+    async def add(self, conn: Conn, fresh: Mapping[EntityRef, bytes]) -> set[EntityRef]:
+        """Store ``fresh`` keys for entities that have none; returns those stored (an entity
+        that got a key meanwhile keeps it)."""
+        if not fresh:
+            return set()
+        cursor = await conn.execute(
+            "INSERT INTO entity_keys"
+            " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id)"
+            " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex'),"
+            " %s::smallint, %s"
+            f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
+            " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
+            (
+                WRAP_FORMAT,
+                self.key_id,
+                keyset_param(
+                    (*ref, self.wrap(ref, key).hex()) for ref, key in sorted(fresh.items())
+                ),
+            ),
+        )
+        return {(tenant, kind, entity_id) for tenant, kind, entity_id in await cursor.fetchall()}
 
     async def _stored(self, conn: Conn, refs: Sequence[EntityRef]) -> dict[EntityRef, bytes]:
         if not refs:

@@ -23,6 +23,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
 from projections.idempotency import EventKey, ProcessedEvent
+from projections.sealing.crypto import new_data_key
 from projections.sealing.fields import (
     EntityRef,
     entity_of_event,
@@ -49,6 +50,10 @@ from topics.schemas import SchemaRegistry
 class SealingState:
     keys: dict[EntityRef, bytes]
     erasures: ErasureIndex
+    # Read without the tenant locks (``Sealer.read``): what was read of the erasure index, and
+    # the keys made for entities that had none, not stored yet (``Sealer.confirm`` does).
+    read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
+    proposed: dict[EntityRef, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -79,6 +84,7 @@ class Sealer:
     input_specs: tuple[TopicSpec, ...]
     rejections_spec = MEMORY_REJECTIONS
     tracks_event_ids = False
+    locks_late = False  # ``load`` takes the tenant locks first
 
     def __init__(self, schemas: SchemaRegistry, topics: TopicNames, keys: KeyStore,
                  max_value_bytes: int,
@@ -114,15 +120,42 @@ class Sealer:
         for what it erased) or waits for this batch."""
         if not locked:
             await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        return await self.read(conn, events, locked=True)
+
+    async def read(self, conn: Conn, events: Sequence[Envelope], *, locked: bool) -> SealingState:
+        """The erasures and data keys a batch needs. ``locked``: the caller holds the shared
+        tenant locks, and a key is created for each entity that has none. Otherwise nothing is
+        written: such an entity gets a key in ``proposed``, which ``confirm`` stores once the
+        caller holds the locks, if no erasure of these entities was recorded meanwhile."""
         refs = [(event, ref) for event in events if (ref := _entity(event)) is not None]
-        erasures = await deletion_store.load_erasures(conn, (_erasure_key(r) for _, r in refs))
+        read = await deletion_store.read_erasures(conn, (_erasure_key(r) for _, r in refs))
+        erasures = read.index
         # Keys only for what is not erased: an erased event's fields are never written at all.
         wanted = [
             ref
             for event, ref in refs
             if erasures.covering([_erasure_key(ref)], event.occurred_at) is None
         ]
-        return SealingState(await self._keys.keys(conn, wanted, create=True), erasures)
+        if locked:
+            return SealingState(await self._keys.keys(conn, wanted, create=True), erasures, read)
+        found = await self._keys.keys(conn, wanted)
+        proposed = {ref: new_data_key() for ref in sorted(set(wanted)) if ref not in found}
+        return SealingState(found | proposed, erasures, read, proposed)
+
+    async def confirm(self, conn: Conn, state: SealingState) -> bool:
+        """Under the shared tenant locks: whether ``state`` (from ``read`` without them) still
+        holds, its proposed keys now stored. False if an erasure of its entities was recorded
+        since (nothing is stored) or another worker gave one of them a key meanwhile: the
+        caller reads again under the locks."""
+        if await deletion_store.erasures_changed(conn, state.read):
+            return False
+        return await self._keys.add(conn, state.proposed) == set(state.proposed)
+
+    async def lock(
+        self, conn: Conn, events: Sequence[Envelope], state: SealingState
+    ) -> SealingState:
+        """``load`` read under the shared tenant locks: ``state`` holds."""
+        return state
 
     def reduce(
         self, events: Sequence[Envelope], state: SealingState, seen: dict[EventKey, bytes]

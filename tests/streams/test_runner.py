@@ -201,6 +201,7 @@ class FakeProjection:
     input_specs = (MEMORY_EVENTS,)
     rejections_spec = MEMORY_REJECTIONS
     tracks_event_ids = True
+    locks_late = False
     codec = Codec()
 
     def __init__(self, error: type[Exception] = ValueError) -> None:
@@ -212,6 +213,9 @@ class FakeProjection:
 
     async def load(self, conn: Database, events: Sequence[Event]) -> None:
         return None
+
+    async def lock(self, conn: Database, events: Sequence[Event], state: None) -> None:
+        return state
 
     def reduce(self, events: Sequence[Event], state: None, seen: dict[EventKey, bytes]) -> Outcome:
         fresh = [e for e in events if (e.tenant_id, e.event_id) not in seen]
