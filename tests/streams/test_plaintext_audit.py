@@ -233,6 +233,8 @@ def _plant_redis_and_files(env: Any, marker: str) -> None:
                 version=1,
                 occurred_at=now,
                 vector=(0.5,) * store.dim,
+                memory_kind="preference",
+                scope="user",
             )
             for i in range(5000)
         ]
