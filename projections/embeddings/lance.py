@@ -225,7 +225,12 @@ class LanceVectorStore:
     records it, and opening a table that records another refuses (``EmbedderMismatch``), so
     that vectors of two models never meet in one ranking. Only the rebuild opens the live
     table with ``adopt=True``: it reads the entries whatever their model, and ``replace_all``
-    then records ``model`` with the rebuilt vectors in the same commit.
+    then records ``model`` with the rebuilt vectors in the same commit. A table of an older
+    schema (``SCHEMA_VERSION``: without the memory's kind and scope) is refused the same way
+    (``VectorSchemaOutdated``), and rebuilt the same way.
+
+    The writer keeps BTREE indexes on ``INDEXED_COLUMNS`` (``_maintain_indexes``, after each
+    upsert and purge); readers only use them.
     """
 
     def __init__(
