@@ -28,7 +28,7 @@ from projections.deletion import queries as ledger_queries
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
-from projections.embeddings.vectors import VectorStore, check_embedder
+from projections.embeddings.vectors import MemoryOnly, VectorStore, check_embedder
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from topics.outputs import MemoryRecord
@@ -113,6 +113,27 @@ def _wanted(record: MemoryRecord, query: RecallQuery, now: datetime) -> bool:
     )
 
 
+def _narrowed(allowed: frozenset[str] | None, asked: str | None) -> frozenset[str] | None:
+    if asked is None:
+        return allowed
+    return frozenset({asked}) if allowed is None else allowed & {asked}
+
+
+def confinement(query: RecallQuery) -> MemoryOnly:
+    """What the vector store confines a semantic recall to before ranking: the query's kinds
+    and scopes (a purpose's, narrowed to the request's own). Its statuses and maximum age are
+    not: they change without a new vector, and are judged on the hydrated record."""
+    return MemoryOnly(
+        kinds=_narrowed(query.kinds, query.kind), scopes=_narrowed(query.scopes, query.scope)
+    )
+
+
+# Candidates asked of the vector store per result: the ranking is over allowed entries only,
+# but the hydration still drops some (superseded, revoked, expired, erased; outside the
+# request's statuses or maximum age).
+CANDIDATES_PER_RESULT = 4
+
+
 async def recall(conn: Conn, cache: RedisCache, query: RecallQuery, now: datetime) -> Hydrated:
     """Eligible memories about one subject, through the cache."""
     subject = (query.subject_type, query.subject_id)
@@ -141,12 +162,18 @@ async def recall_by_text(
     text: str,
     now: datetime,
 ) -> Hydrated:
-    """Semantic recall: the vector store proposes, the projection and the ledger decide."""
+    """Semantic recall: the vector store proposes (ranking the subject's memories of the
+    query's kinds and scopes only), the projection and the ledger decide."""
     check_embedder(vectors, embedder.name)
     (vector,) = embedder.embed([text])
     subject = (query.subject_type, query.subject_id)
     hits = await asyncio.to_thread(
-        vectors.search, query.tenant_id, vector, query.limit * 4, subject
+        vectors.search,
+        query.tenant_id,
+        vector,
+        query.limit * CANDIDATES_PER_RESULT,
+        subject,
+        confinement(query),
     )
     candidates = [
         (hit.entry.memory_id, hit.entry.version)

@@ -120,6 +120,8 @@ class ReplayReport:
     caught_up: int = 0
     # The live vectors' model and the rebuild's, when they differ (embeddings only).
     model_change: tuple[str, str] | None = None
+    # The live table's schema version and the rebuild's, when they differ (embeddings only).
+    schema_change: tuple[int, int] | None = None
 
     @property
     def rate(self) -> float:
@@ -139,6 +141,7 @@ class ReplayReport:
             "swept_after_rebuild": self.swept,
             "caught_up_before_swap": self.caught_up,
             "model_change": list(self.model_change) if self.model_change else None,
+            "schema_change": list(self.schema_change) if self.schema_change else None,
         }
 
 
@@ -554,14 +557,22 @@ async def replay_embeddings(
     vectors move to another model. The live table is read whatever model it holds; when that
     is another one, ``if-equal`` swaps the rebuild in even where the entries differ (the
     comparison is of entries, not vectors): the live vectors are unusable to this embedder,
-    and ``never`` still keeps them."""
-    from projections.embeddings.lance import drop_table, replay_table_name, table_model
+    and ``never`` still keeps them. The same goes for a live table of an older schema
+    (without the columns search filters by, which the vector store refuses to read)."""
+    from projections.embeddings.lance import (
+        SCHEMA_VERSION,
+        drop_table,
+        replay_table_name,
+        table_model,
+        table_schema_version,
+    )
     from streams.agents.index import EmbeddingsIndexer
 
     name = replay_table_name(datetime.now(UTC))
     shadow = open_vector_store(settings, table=name)
     live = open_vector_store(settings, adopt=True)
     previous_model = table_model(settings.vector_store_path)
+    previous_schema = table_schema_version(settings.vector_store_path)
     pool = make_pool(settings.postgres_conninfo, 2)
     await pool.open(wait=True)
     metrics = Metrics(CollectorRegistry())
@@ -592,7 +603,12 @@ async def replay_embeddings(
         report.model_change = (
             (previous_model, shadow.model) if previous_model != shadow.model else None
         )
-        equal = not report.differences or report.model_change is not None
+        if previous_schema != SCHEMA_VERSION:
+            report.schema_change = (previous_schema, SCHEMA_VERSION)
+        # The live entries are unusable as they are: the rebuild replaces them even where the
+        # entries differ (``never`` still keeps them).
+        unusable = report.model_change is not None or report.schema_change is not None
+        equal = not report.differences or unusable
         if swap == "always" or (swap == "if-equal" and equal):
             members = group_members(settings, settings.group_id("embeddings"))
             if members:

@@ -62,6 +62,8 @@ def entry(number: int, rng: random.Random) -> VectorEntry:
         version=1,
         occurred_at=T0,
         vector=tuple(rng.random() for _ in range(DIM)),
+        memory_kind="preference",
+        scope="user",
     )
 
 

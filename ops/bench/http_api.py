@@ -141,13 +141,16 @@ def load(settings: Settings, embedder: Embedder, count: int, subjects: int) -> d
     return {name: round(seconds, 1) for name, seconds in spent.items()}
 
 
-def index_subjects(settings: Settings) -> None:
-    """Scalar indexes on the columns search prefilters by (``lance.tenant_filter``)."""
+def drop_scalar_indexes(settings: Settings) -> None:
+    """An experiment: the vector table without the scalar indexes the store keeps on the
+    columns search prefilters by (``lance.INDEXED_COLUMNS``), to measure what they are worth."""
     import lancedb
 
+    from projections.embeddings.lance import INDEXED_COLUMNS
+
     table = lancedb.connect(settings.vector_store_path).open_table("embeddings")
-    for column in ("tenant_id", "subject_id"):
-        table.create_scalar_index(column, index_type="BTREE")
+    for column in INDEXED_COLUMNS:
+        table.drop_index(f"{column}_idx")
 
 
 def create_key(settings: Settings) -> str:
@@ -345,10 +348,10 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument(
-        "--subject-index",
+        "--no-scalar-index",
         action="store_true",
-        help="an experiment: a BTREE scalar index on the vector table's subject_id and tenant_id "
-        "before the server starts (the store itself makes none)",
+        help="an experiment: drop the vector table's scalar indexes on tenant_id and subject_id "
+        "(which the store keeps) before the server starts",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep the schema and vector store")
@@ -369,8 +372,8 @@ def main() -> None:
         embedder = build_embedder(settings)
         print(f"loading {args.memories} memories ({type(embedder).__name__})", file=sys.stderr)
         loaded = load(settings, embedder, args.memories, args.subjects)
-        if args.subject_index:
-            index_subjects(settings)
+        if args.no_scalar_index:
+            drop_scalar_indexes(settings)
         token = create_key(settings)
         server = Server.start(settings, environment.data_dir / "serve.log")
         stack = StackProcesses(
@@ -381,7 +384,7 @@ def main() -> None:
             "memories": args.memories,
             "subjects": args.subjects,
             "embedder": type(embedder).__name__,
-            "subject_index": args.subject_index,
+            "scalar_index": not args.no_scalar_index,
             "load_seconds": loaded,
             "stack_missing": stack.missing,
             "phases": measure(server, token, stack, plan),

@@ -90,7 +90,7 @@ def build(path: Path, vectors: int) -> None:
             entry = VectorEntry(
                 memory_entry_id(tenant, memory), "memory", tenant, "user", subject, memory,
                 conversation, None, "message", f"{conversation}/msg_1",
-                f"preference {index} of {subject}", 1, at, vector,
+                f"preference {index} of {subject}", 1, at, vector, "preference", "user",
             )  # fmt: skip
         else:
             message = f"msg_{index:06d}"
@@ -98,6 +98,7 @@ def build(path: Path, vectors: int) -> None:
                 message_entry_id(tenant, conversation, message), "message", tenant, "user",
                 subject, None, conversation, message, "message", f"{conversation}/{message}",
                 f"message {index} from {subject} about the weekend plans", 1, at, vector,
+                None, None,
             )  # fmt: skip
         batch.append(entry)
         if len(batch) == 1000:

@@ -175,6 +175,8 @@ def _plan_memory(
         version=record.version,
         occurred_at=record.updated_at,
         vector=(),
+        memory_kind=record.kind,
+        scope=record.scope,
     )
     plan.upserts[entry_id] = entry
     pending.append((entry, entry.text))
@@ -212,6 +214,8 @@ def _plan_message(
         version=1,
         occurred_at=update.occurred_at,
         vector=(),
+        memory_kind=None,
+        scope=None,
     )
     plan.upserts[entry_id] = entry
     pending.append((entry, text))

@@ -35,7 +35,12 @@ def message_entry_id(tenant_id: str, conversation_id: str, message_id: str) -> s
 
 @dataclass(frozen=True, slots=True)
 class VectorEntry:
-    """One embedded memory or message. The store keeps the vector as float32."""
+    """One embedded memory or message. The store keeps the vector as float32.
+
+    A memory's entry also carries its kind and scope (a message's: None): what a search is
+    confined to before ranking (``MemoryOnly``). Both are fixed for a memory's whole life (no
+    event changes them), so an entry's never goes stale; its status and age do change without
+    a new vector, and stay the hydration's to judge."""
 
     id: str
     kind: EntryKind
@@ -51,6 +56,8 @@ class VectorEntry:
     version: int
     occurred_at: datetime  # timezone-aware, UTC
     vector: tuple[float, ...]
+    memory_kind: str | None  # the memory's kind; None for a message
+    scope: str | None  # the memory's scope; None for a message
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,26 @@ class Match:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryOnly:
+    """What a search is confined to before ranking: memory entries (no message), of these
+    kinds and scopes (None: any). An empty set admits nothing."""
+
+    kinds: frozenset[str] | None = None
+    scopes: frozenset[str] | None = None
+
+    @property
+    def admits_nothing(self) -> bool:
+        return self.kinds == frozenset() or self.scopes == frozenset()
+
+    def admits(self, entry: VectorEntry) -> bool:
+        return (
+            entry.kind == "memory"
+            and (self.kinds is None or entry.memory_kind in self.kinds)
+            and (self.scopes is None or entry.scope in self.scopes)
+        )
+
+
 class EmbedderMismatch(ValueError):
     """Vectors of one embedder compared with vectors of another."""
 
@@ -131,6 +158,19 @@ class EmbedderMismatch(ValueError):
         )
         self.stored = stored
         self.configured = configured
+
+
+class VectorSchemaOutdated(ValueError):
+    """A table written by an older memproj, without the columns search is confined by."""
+
+    def __init__(self, where: str, stored: int, current: int) -> None:
+        super().__init__(
+            f"{where} has the vector schema {stored}, this memproj reads {current} (the entries"
+            " carry the memory's kind and scope, which search filters by before ranking): run"
+            " `memproj replay embeddings` (with the embeddings worker stopped) to rebuild it"
+        )
+        self.stored = stored
+        self.current = current
 
 
 def check_embedder(store: VectorStore, embedder_name: str) -> None:
@@ -181,9 +221,11 @@ class VectorStore(Protocol):
         vector: Sequence[float],
         limit: int,
         subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
     ) -> list[VectorHit]:
-        """The ``limit`` entries of the tenant (and subject) nearest to ``vector``, nearest
-        first. Other tenants' entries are filtered out before ranking, never after."""
+        """The ``limit`` entries of the tenant (and subject; with ``only``, memories of its
+        kinds and scopes) nearest to ``vector``, nearest first. Other tenants' entries, and
+        the ones ``only`` leaves out, are filtered out before ranking, never after."""
         ...
 
     def nearest(

@@ -135,6 +135,12 @@ def replay(
     if report.model_change is not None:
         before, after = report.model_change
         click.echo(f"embedder changed: the live vectors are of {before}, the rebuild's of {after}")
+    if report.schema_change is not None:
+        before_schema, after_schema = report.schema_change
+        click.echo(
+            f"vector schema changed: the live table is of version {before_schema}, the"
+            f" rebuild's of {after_schema} (with the memory kind and scope search filters by)"
+        )
     if report.swapped and report.retired is None:
         click.echo("swapped in: the live vector table now holds the rebuild (old versions purged)")
     elif report.swapped:

@@ -309,6 +309,8 @@ def test_dashboards_alerts_and_a_ghost_scenario_in_prometheus(
                 version=1,
                 occurred_at=start,  # as old as the erased memory: a ghost, not new data
                 vector=tuple(vector),
+                memory_kind="preference",
+                scope="user",
             )
         ]
     )

@@ -38,6 +38,8 @@ def entry(
         version=1,
         occurred_at=at,
         vector=(0.0,),
+        memory_kind="preference",
+        scope="user",
     )
 
 

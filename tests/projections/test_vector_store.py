@@ -9,27 +9,36 @@ from collections.abc import Iterator
 from datetime import UTC, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from projections.deletion.derived import match_of
 from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
+from projections.embeddings import lance
 from projections.embeddings.factory import WORDLLAMA_NAME, build_embedder
 from projections.embeddings.lance import (
     DIM_KEY,
+    INDEXED_COLUMNS,
+    MODEL_KEY,
+    SCHEMA_VERSION,
     LanceShadows,
     LanceVectorStore,
+    indexes_behind,
     lance_schema,
     replay_table_name,
     sql_string,
+    stored_schema_version,
     table_model,
 )
 from projections.embeddings.vectors import (
     EmbedderMismatch,
     EntryRef,
     Match,
+    MemoryOnly,
     VectorEntry,
+    VectorSchemaOutdated,
     check_embedder,
     memory_entry_id,
     message_entry_id,
@@ -141,14 +150,60 @@ def test_a_table_of_another_embedder_is_refused_naming_both(tmp_path: Path) -> N
     check_embedder(store, EMBEDDER.name)
 
 
-def test_a_table_from_before_embedders_were_named_holds_hashing_vectors(tmp_path: Path) -> None:
+def version_1_table(path: Path, dim: int, model: str | None, entries: list[VectorEntry]) -> None:
+    """A table as memproj wrote it before the entries carried the memory's kind and scope."""
     import lancedb
 
-    lancedb.connect(tmp_path / "vectors").create_table("embeddings", schema=lance_schema(256))
+    schema = lance_schema(dim)
+    schema = schema.remove(schema.get_field_index("scope"))
+    schema = schema.remove(schema.get_field_index("memory_kind"))
+    if model is not None:
+        schema = schema.with_metadata({MODEL_KEY: model.encode(), DIM_KEY: str(dim).encode()})
+    rows = [
+        {name: value for name, value in dataclasses.asdict(entry).items() if name in schema.names}
+        for entry in entries
+    ]
+    table = lancedb.connect(path).create_table("embeddings", schema=schema)
+    if rows:
+        table.add(pa.Table.from_pylist(rows, schema=schema))
+
+
+def test_a_table_from_before_embedders_were_named_holds_hashing_vectors(tmp_path: Path) -> None:
+    version_1_table(tmp_path / "vectors", 256, None, [])
     assert table_model(tmp_path / "vectors") == "hashing/256"
-    LanceVectorStore(tmp_path / "vectors", dim=256, model="hashing/256")
     with pytest.raises(EmbedderMismatch, match="hashing/256"):
         LanceVectorStore(tmp_path / "vectors", dim=256, model=WORDLLAMA_NAME)
+    # Of the right model, but without the columns search filters by.
+    with pytest.raises(VectorSchemaOutdated, match="memproj replay embeddings"):
+        LanceVectorStore(tmp_path / "vectors", dim=256, model="hashing/256")
+
+
+def test_a_table_without_kind_and_scope_is_refused_until_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "vectors"
+    old = [memory("m1", "prefers email receipts"), message("c1", "msg1", "hello there")]
+    version_1_table(path, EMBEDDER.dim, EMBEDDER.name, old)
+    with pytest.raises(VectorSchemaOutdated) as refused:
+        LanceVectorStore(path, dim=EMBEDDER.dim, model=EMBEDDER.name)
+    assert (refused.value.stored, refused.value.current) == (1, SCHEMA_VERSION)
+    assert "schema 1" in str(refused.value) and "memproj replay embeddings" in str(refused.value)
+
+    # The rebuild adopts it: it reads the old entries (no kind or scope) ...
+    live = LanceVectorStore(path, dim=EMBEDDER.dim, model=EMBEDDER.name, adopt=True)
+    assert {(e.id, e.memory_kind, e.scope) for e in live.entries("tenant-a")} == {
+        (old[0].id, None, None),
+        (old[1].id, None, None),
+    }
+    live.purge_history()  # an erasure of a rebuild table left behind rewrites it as it is
+    assert stored_schema_version(live.table.schema) == 1
+    # ... and replaces them with entries that carry them, in one commit of the new schema.
+    live.replace_all(old)
+    assert stored_schema_version(live.table.schema) == SCHEMA_VERSION
+    reopened = LanceVectorStore(path, dim=EMBEDDER.dim, model=EMBEDDER.name)
+    assert reopened.entries("tenant-a") == sorted(old, key=lambda entry: entry.id)
+    confined = reopened.search(
+        "tenant-a", old[0].vector, 5, only=MemoryOnly(frozenset({"preference"}))
+    )
+    assert [hit.entry for hit in confined] == [old[0]]
 
 
 def test_the_rebuild_replaces_vectors_and_model_in_one_commit(tmp_path: Path) -> None:
@@ -223,6 +278,128 @@ def test_search_can_be_narrowed_to_one_subject(store: LanceVectorStore) -> None:
     )
     hits = store.search("tenant-a", EMBEDDER.embed(["likes tea"])[0], 10, subject=("user", "u2"))
     assert [hit.entry.memory_id for hit in hits] == ["m2"]
+
+
+def test_a_confined_search_ranks_the_admitted_entries_only(store: LanceVectorStore) -> None:
+    # A subject with many preferences near the query and a few facts far from it: the facts
+    # are all found, ranked, however many nearer preferences there are.
+    query_text = "prefers window seats on morning flights"
+    near = [memory(f"p{n}", f"{query_text} number {n}") for n in range(40)]
+    facts = [
+        memory("f1", "lives in Lisbon near the river", memory_kind="fact"),
+        memory("f2", "works at a bakery on morning shifts", memory_kind="fact", scope="team"),
+        memory("f3", "has two cats", memory_kind="fact"),
+    ]
+    chat = [message("c1", f"msg{n}", f"{query_text} again {n}") for n in range(10)]
+    store.upsert([*near, *facts, *chat])
+    (query,) = EMBEDDER.embed([query_text])
+
+    def expected(only: MemoryOnly, limit: int) -> list[tuple[str, float]]:
+        """The brute-force answer: every admitted entry of the subject, by distance."""
+        admitted = [e for e in [*near, *facts, *chat] if only.admits(e)]
+        ranked = sorted((_cosine(query, e.vector), e.id) for e in admitted)
+        return [(entry_id, distance) for distance, entry_id in ranked[:limit]]
+
+    for only, limit in [
+        (MemoryOnly(kinds=frozenset({"fact"})), 3),
+        (MemoryOnly(kinds=frozenset({"fact"})), 10),
+        (MemoryOnly(kinds=frozenset({"fact"}), scopes=frozenset({"team"})), 10),
+        (MemoryOnly(scopes=frozenset({"team", "user"})), 5),
+        (MemoryOnly(), 12),
+    ]:
+        hits = store.search("tenant-a", query, limit, subject=("user", "u1"), only=only)
+        wanted = expected(only, limit)
+        assert all(only.admits(hit.entry) for hit in hits), only
+        assert [hit.distance for hit in hits] == pytest.approx(
+            [distance for _, distance in wanted], abs=1e-5
+        ), only
+        # Of entries tied at the last place, either ranking may keep another.
+        last = wanted[-1][1] - 1e-5
+        assert [h.entry.id for h in hits if h.distance < last] == [
+            entry_id for entry_id, distance in wanted if distance < last
+        ], only
+    facts_only = MemoryOnly(kinds=frozenset({"fact"}))
+    assert len(store.search("tenant-a", query, 3, only=facts_only)) == 3
+    # Unconfined, the messages and preferences fill the limit and no fact comes.
+    assert not {h.entry.memory_kind for h in store.search("tenant-a", query, 10)} & {"fact"}
+    # Nothing admitted, nothing asked: ``IN ()`` is no SQL.
+    assert store.search("tenant-a", query, 5, only=MemoryOnly(kinds=frozenset())) == []
+    assert store.search("tenant-a", query, 5, only=MemoryOnly(scopes=frozenset())) == []
+
+
+def _cosine(a: list[float] | tuple[float, ...], b: tuple[float, ...]) -> float:
+    import numpy as np
+
+    left, right = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    return float(1.0 - left @ right / (np.linalg.norm(left) * np.linalg.norm(right)))
+
+
+def test_a_confined_search_quotes_hostile_kinds_and_scopes(store: LanceVectorStore) -> None:
+    odd = memory("m1", "likes tea", memory_kind="it's", scope="a' OR '1'='1")
+    store.upsert([odd, memory("m2", "likes tea too")])
+    (query,) = EMBEDDER.embed(["likes tea"])
+    only = MemoryOnly(kinds=frozenset({"it's"}), scopes=frozenset({"a' OR '1'='1"}))
+    assert [hit.entry for hit in store.search("tenant-a", query, 5, only=only)] == [odd]
+    assert store.search("tenant-a", query, 5, only=MemoryOnly(scopes=frozenset({"a"}))) == []
+
+
+def test_a_memory_entry_without_kind_or_scope_is_refused(store: LanceVectorStore) -> None:
+    with pytest.raises(ValueError, match="no kind or scope"):
+        store.upsert([dataclasses.replace(memory("m1", "x"), memory_kind=None)])
+    with pytest.raises(ValueError, match="no kind or scope"):
+        store.upsert([dataclasses.replace(memory("m1", "x"), scope=None)])
+    assert store.count() == 0
+
+
+# -- the scalar indexes ---------------------------------------------------------------------
+
+
+def _unindexed(store: LanceVectorStore) -> dict[str, int]:
+    found = {}
+    for column in INDEXED_COLUMNS:
+        stats = store.table.index_stats(f"{column}_idx")
+        assert stats is not None, f"no index on {column}"
+        found[column] = stats.num_unindexed_rows
+    return found
+
+
+def test_the_indexes_are_made_by_the_first_write_and_kept_through_overwrites(
+    store: LanceVectorStore,
+) -> None:
+    store.upsert([memory("m1", "likes tea"), memory("m2", "likes coffee")])
+    assert set(_unindexed(store)) == set(INDEXED_COLUMNS)
+    # The prefilter of a search uses them.
+    (query,) = EMBEDDER.embed(["likes tea"])
+    where = lance.tenant_filter("tenant-a", ("user", "u1"))
+    plan = store.table.search(query).where(where, prefilter=True).limit(3).explain_plan(True)
+    assert "ScalarIndexQuery" in plan and "subject_id_idx" in plan, plan
+    store.remove(Match("tenant-a", memory_ids=("m1",)))
+    store.purge_history()  # rewrites the live rows (an overwrite drops a table's indexes)
+    assert _unindexed(store) == {column: 0 for column in INDEXED_COLUMNS}
+    store.replace_all([memory("m3", "likes cocoa")])
+    assert _unindexed(store) == {column: 0 for column in INDEXED_COLUMNS}
+
+
+def test_the_indexes_are_refreshed_once_enough_rows_are_behind(
+    store: LanceVectorStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lance, "INDEX_REFRESH_MIN_ROWS", 10)
+    store.upsert([memory(f"m{n}", f"memory {n}") for n in range(4)])  # made, of these 4
+    assert _unindexed(store) == {column: 0 for column in INDEXED_COLUMNS}
+    store.upsert([memory(f"m{n}", f"memory {n}") for n in range(4, 9)])
+    assert _unindexed(store) == {column: 5 for column in INDEXED_COLUMNS}
+    store.upsert([memory(f"m{n}", f"memory {n}") for n in range(9, 13)])  # 9 behind
+    assert _unindexed(store) == {column: 9 for column in INDEXED_COLUMNS}
+    store.upsert([memory("m0", "memory 0, again", version=2)])  # 10 behind: refreshed
+    assert _unindexed(store) == {column: 0 for column in INDEXED_COLUMNS}
+    assert store.count() == 13
+
+
+def test_indexes_are_refreshed_past_a_tenth_of_the_table_and_a_floor() -> None:
+    assert not indexes_behind(0, lance.INDEX_REFRESH_MIN_ROWS - 1)
+    assert indexes_behind(0, lance.INDEX_REFRESH_MIN_ROWS)
+    assert not indexes_behind(1_000_000, 99_999)
+    assert indexes_behind(1_000_000, 100_000)
 
 
 def test_an_empty_store_finds_nothing(store: LanceVectorStore) -> None:

@@ -24,6 +24,8 @@ def memory(
     tenant_id: str = "tenant-a",
     subject: tuple[str, str] = ("user", "u1"),
     version: int = 1,
+    memory_kind: str = "preference",
+    scope: str = "user",
 ) -> VectorEntry:
     return VectorEntry(
         id=memory_entry_id(tenant_id, memory_id),
@@ -40,6 +42,8 @@ def memory(
         version=version,
         occurred_at=T0 + timedelta(minutes=version),
         vector=tuple(EMBEDDER.embed([text])[0]),
+        memory_kind=memory_kind,
+        scope=scope,
     )
 
 
@@ -65,6 +69,8 @@ def message(
         version=1,
         occurred_at=T0,
         vector=tuple(EMBEDDER.embed([text])[0]),
+        memory_kind=None,
+        scope=None,
     )
 
 

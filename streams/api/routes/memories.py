@@ -166,9 +166,10 @@ async def search(
     exact: Filters,
     limit: LimitParam = 10,
 ) -> MemoryList:
-    """The vector store proposes candidates (the tenant's and subject's only, filtered before
-    ranking); each is hydrated through the projection and the erasure index, and those the
-    request's filters or purpose exclude are dropped; ``blocked`` counts the guard's drops."""
+    """The vector store ranks the tenant's and subject's memories of the kinds and scopes the
+    purpose and the request allow, and only those (filtered before ranking); each candidate is
+    hydrated through the projection and the erasure index, and those outside the request's
+    statuses or maximum age are dropped; ``blocked`` counts the guard's drops."""
 
     async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
         query = _query(principal, policy, (subject_type, subject_id), exact, limit)

@@ -77,6 +77,58 @@ def test_semantic_search_hydrates_and_filters(api: ApiServer, events: EventFacto
     assert ids(facts) == ["mem_city"]
 
 
+def test_a_purpose_of_a_rare_kind_gets_its_limit_of_that_kind_ranked(
+    api: ApiServer, events: EventFactory
+) -> None:
+    """The purpose's kinds and scopes confine the ranking itself: many nearer memories of
+    other kinds (or scopes) never push the allowed ones out of the candidates."""
+    tenant = api.tenant()
+    api.set_purpose(tenant, "support")
+    api.set_purpose(tenant, "billing", kinds=["billing"])
+    api.set_purpose(tenant, "accounts", scopes=["account"])
+    key = api.create_key(tenant, ["support", "billing", "accounts"])
+    text = "wants invoices by email"
+    crowd = [
+        events.proposed(tenant, f"mem_pref_{n}", ALICE, {"text": f"{text}, note {n}"})
+        for n in range(40)
+    ]
+    rare = [
+        events.proposed(tenant, "mem_bill_mail", ALICE, {"text": text}, kind="billing"),
+        events.proposed(
+            tenant, "mem_bill_post", ALICE, {"text": "invoices by post"}, kind="billing"
+        ),
+        events.proposed(tenant, "mem_bill_card", ALICE, {"text": "pays by card"}, kind="billing"),
+        events.proposed(tenant, "mem_bill_plan", ALICE, {"text": "annual plan"}, kind="billing"),
+    ]
+    accounts = [
+        events.proposed(tenant, "mem_acc_mail", ALICE, {"text": text}, scope="account"),
+        events.proposed(
+            tenant, "mem_acc_city", ALICE, {"text": "office in Porto"}, scope="account"
+        ),
+        events.proposed(tenant, "mem_acc_owner", ALICE, {"text": "owner is Dana"}, scope="account"),
+    ]
+    api.produce_memories([*crowd, *rare, *accounts])
+    api.wait_indexed(tenant, ALICE, len(crowd) + len(rare) + len(accounts))
+    path = memories_path(ALICE, "search")
+
+    billing = get(api, key.token, path, purpose="billing", text=text, limit=3)
+    found = ids(billing)
+    assert len(found) == 3 and set(found) <= {m["payload"]["memory_id"] for m in rare}, found
+    assert found[0] == "mem_bill_mail"  # ranked: the nearest first
+    assert {memory["kind"] for memory in billing.json()["memories"]} == {"billing"}
+    assert billing.json()["blocked"]["total"] == 0
+    assert len(ids(get(api, key.token, path, purpose="billing", text=text, limit=10))) == 4
+
+    by_scope = get(api, key.token, path, purpose="accounts", text=text, limit=3)
+    assert set(ids(by_scope)) == {"mem_acc_mail", "mem_acc_city", "mem_acc_owner"}
+    assert ids(by_scope)[0] == "mem_acc_mail"
+    # The request's own filters confine the ranking as the purpose's do.
+    asked = get(api, key.token, path, purpose="support", text=text, limit=3, scope="account")
+    assert ids(asked) == ids(by_scope)
+    asked = get(api, key.token, path, purpose="support", text=text, limit=2, kind="billing")
+    assert ids(asked) == found[:2]
+
+
 def test_a_memory_with_its_provenance_and_history(api: ApiServer, events: EventFactory) -> None:
     tenant = api.tenant()
     api.set_purpose(tenant, "support")
@@ -299,7 +351,8 @@ def test_every_read_is_audited_by_ids_never_content(api: ApiServer, events: Even
     assert recall_row["subject"] == "user:alice"
     assert recall_row["returned_ids"] == ["mem_ok"]
     assert search_row["returned_ids"] == ["mem_ok"]
-    assert search_row["filtered_ids"] == ["mem_no"]  # hydrated, outside the purpose
+    # Never a candidate: the purpose confines the ranking itself, so nothing was filtered.
+    assert search_row["filtered_ids"] == []
     assert denied_row["returned_ids"] == [] and denied_row["filtered_ids"] == []
     for row in rows:
         assert marker not in repr(row) and "prefers" not in repr(row)
