@@ -58,16 +58,22 @@ EXIT_SHUTDOWN_TIMEOUT = 70
 
 
 def open_vector_store(
-    settings: Settings, table: str = "embeddings", *, adopt: bool = False
+    settings: Settings, table: str = "embeddings", *, adopt: bool = False, create: bool = True
 ) -> VectorStore:
     """The vector store of the configured embedder: refuses a table of another model
-    (``adopt``: only the rebuild, which replaces it)."""
+    (``adopt``: only the rebuild, which replaces it); ``create=False`` (a reader that never
+    writes) refuses a missing table instead of creating it."""
     # lancedb takes about a second to import: only the commands that open the store pay it.
     from projections.embeddings.lance import LanceVectorStore
 
     model = settings.embedder_identity
     return LanceVectorStore(
-        settings.vector_store_path, model.dim, table=table, model=model.name, adopt=adopt
+        settings.vector_store_path,
+        model.dim,
+        table=table,
+        model=model.name,
+        adopt=adopt,
+        create=create,
     )
 
 

@@ -36,6 +36,7 @@ from projections.embeddings.vectors import (
     VectorEntry,
     VectorHit,
     VectorSchemaOutdated,
+    VectorStoreMissing,
 )
 
 # -- filters -------------------------------------------------------------------------------
@@ -234,19 +235,28 @@ class LanceVectorStore:
     """
 
     def __init__(
-        self, path: Path, dim: int, table: str = "embeddings", *, model: str, adopt: bool = False
+        self,
+        path: Path,
+        dim: int,
+        table: str = "embeddings",
+        *,
+        model: str,
+        adopt: bool = False,
+        create: bool = True,
     ) -> None:
         self.dim = dim
         self.model = model
         self._name = table
         self._path = path
         self._db = lancedb.connect(path)
-        self._table = self._open_or_create(lance_schema(dim, model), adopt)
+        self._table = self._open_or_create(lance_schema(dim, model), adopt, create)
 
-    def _open_or_create(self, schema: pa.Schema, adopt: bool) -> Table:
+    def _open_or_create(self, schema: pa.Schema, adopt: bool, create: bool) -> Table:
         try:
             table = self._db.open_table(self._name)
         except ValueError:
+            if not create:  # a reader on a read-only mount (the API) cannot create it
+                raise VectorStoreMissing(f"the table {self._name!r} at {self._path}") from None
             # Missing. exist_ok: another process may be creating it at this very moment.
             table = self._db.create_table(self._name, schema=schema, exist_ok=True)
         stored = table.schema

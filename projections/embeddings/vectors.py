@@ -146,7 +146,22 @@ class MemoryOnly:
         )
 
 
-class EmbedderMismatch(ValueError):
+class VectorStoreRefused(ValueError):
+    """The vector store cannot be searched as it is (another model, an older schema, not
+    created yet): what needs doing is in the message; no request can change it."""
+
+
+class VectorStoreMissing(VectorStoreRefused):
+    """A reader found no vector table: nothing has created it yet (the embeddings worker
+    creates it at its start)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"{where} does not exist yet: the embeddings worker creates it when it first starts"
+        )
+
+
+class EmbedderMismatch(VectorStoreRefused):
     """Vectors of one embedder compared with vectors of another."""
 
     def __init__(self, where: str, stored: str, configured: str) -> None:
@@ -160,7 +175,7 @@ class EmbedderMismatch(ValueError):
         self.configured = configured
 
 
-class VectorSchemaOutdated(ValueError):
+class VectorSchemaOutdated(VectorStoreRefused):
     """A table written by an older memproj, without the columns search is confined by."""
 
     def __init__(self, where: str, stored: int, current: int) -> None:

@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from projections.embeddings.vectors import VectorStoreRefused
+
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ _DESCRIPTIONS = {
     422: "invalid parameters or body",
     429: "rate limit exceeded (Retry-After says when to retry)",
     500: "internal error",
-    503: "a dependency did not take the write (nothing was accepted): retry",
+    503: "a dependency is unavailable (nothing was accepted or read): retry later",
 }
 
 
@@ -98,6 +100,17 @@ def install(app: FastAPI) -> None:
             for error in exc.errors()
         )
         return error_response(422, "invalid_request", problems[:2000])
+
+    @app.exception_handler(VectorStoreRefused)
+    async def _vectors_refused(request: Request, exc: VectorStoreRefused) -> JSONResponse:
+        # Not the request's fault and not a bug: the store needs its worker or a rebuild. The
+        # detail (paths, models, the command to run) is for the operator's log.
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            503,
+            "vector_store_unavailable",
+            "semantic search is unavailable until the vector store is built or rebuilt",
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

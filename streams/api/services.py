@@ -130,5 +130,7 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
             settings.redis_url,
             settings.cache_namespace,
         ),
-        open_vectors=lambda: open_vector_store(settings),
+        # The API never writes the store (its volume is mounted read-only): a missing table is
+        # refused (a 503), not created.
+        open_vectors=lambda: open_vector_store(settings, create=False),
     )

@@ -30,6 +30,7 @@ from topics.api.models import Blocked, MemoryDetail, MemoryList, MemoryVersion
 router = APIRouter(prefix="/v1", tags=["memories"])
 
 _READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
+_SEARCH_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500, 503)
 
 # Names are printable: PostgreSQL's text refuses NUL, and a control character is no id.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
@@ -151,7 +152,7 @@ async def recall(
 @router.get(
     "/subjects/{subject_type}/{subject_id}/search",
     response_model=MemoryList,
-    responses=_READ_ERRORS,
+    responses=_SEARCH_ERRORS,
     summary="Semantic search: a subject's memories nearest to a text",
     operation_id="search",
 )
