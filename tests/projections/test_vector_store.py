@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from projections.deletion.derived import match_of
 from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
-from projections.embeddings.factory import WORDLLAMA_NAME
+from projections.embeddings.factory import WORDLLAMA_NAME, build_embedder
 from projections.embeddings.lance import (
     DIM_KEY,
     LanceShadows,
@@ -39,7 +39,6 @@ from projections.sealing.probes import ProbeSealer
 from projections.stores import embeddings as embeddings_store
 from projections.stores.base import Erased
 from projections.stores.embeddings import EmbeddingsStore
-from support.embedders import loaded_embedder
 from support.vector_entries import EMBEDDER, T0, ids, memory, message
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
@@ -158,7 +157,7 @@ def test_the_rebuild_replaces_vectors_and_model_in_one_commit(tmp_path: Path) ->
     LanceVectorStore(path, dim=16, model="hashing/16").upsert(
         [dataclasses.replace(entry, vector=(1.0,) + (0.0,) * 15) for entry in old]
     )
-    model = loaded_embedder("wordllama")
+    model = build_embedder("wordllama", 256)
     live = LanceVectorStore(path, dim=model.dim, model=model.name, adopt=True)
     rebuilt = [
         dataclasses.replace(entry, vector=tuple(vector))
