@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -123,6 +124,12 @@ def demo_clean(ctx: click.Context, current: str) -> None:
     )
 
 
+# A topic read stops once nothing has arrived for READ_IDLE_SECONDS (a partition whose end
+# it never reaches), asking for what has arrived every READ_POLL_SECONDS.
+READ_IDLE_SECONDS = 5.0
+READ_POLL_SECONDS = 0.05
+
+
 def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
     """Everything committed in a topic, read with a throwaway assignment (no group offsets).
 
@@ -145,11 +152,18 @@ def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
     pending = {p: end for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, 0) for p in pending])
     records: list[InputMessage] = []
+    last_received = time.monotonic()
     try:
         while pending:
-            batch = consumer.consume(1000, timeout=5)
+            # consume() returns once it has its whole batch or its timeout has passed: a
+            # short timeout hands over what has arrived, so that a read ends as soon as every
+            # partition is read, not a timeout later (a topic of fewer messages than a batch).
+            batch = consumer.consume(1000, timeout=READ_POLL_SECONDS)
             if not batch:
-                break
+                if time.monotonic() - last_received > READ_IDLE_SECONDS:
+                    break
+                continue
+            last_received = time.monotonic()
             for m in batch:
                 partition, offset, error = m.partition() or 0, m.offset() or 0, m.error()
                 if error is not None:

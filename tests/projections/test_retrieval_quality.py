@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from projections.embeddings.embedder import Embedder, HashingEmbedder, memory_text
-from projections.embeddings.factory import build_embedder
+from support.embedders import loaded_embedder
 
 DATA = Path(__file__).parent / "data" / "paraphrases.json"
 K = 5
@@ -110,7 +110,7 @@ def test_the_set_is_paraphrases_with_same_subject_distractors() -> None:
 
 
 def test_the_default_model_recalls_paraphrases_the_hashing_embedder_misses() -> None:
-    model, words = build_embedder("wordllama", 256), HashingEmbedder(256)
+    model, words = loaded_embedder("wordllama"), HashingEmbedder(256)
     wordllama, hashing = recall_at_k(model), recall_at_k(words)
     first = f"recall@1 wordllama {recall_at_k(model, 1):.3f}, hashing {recall_at_k(words, 1):.3f}"
     print(f"\n{DATA.name}: recall@{K} wordllama {wordllama:.3f}, hashing {hashing:.3f}; {first}")

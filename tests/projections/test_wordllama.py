@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from array import array
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from projections.embeddings.factory import (
     embedder_identity,
 )
 from projections.embeddings.wordllama import MAX_TOKENS, WordLlamaEmbedder
+from support.embedders import loaded_embedder
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = [
@@ -48,9 +48,8 @@ print(json.dumps({"name": embedder.name, "vectors": embedder.embed(json.loads(sy
 """
 
 
-@cache
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder()
+def embedder() -> Embedder:
+    return loaded_embedder("wordllama")  # the session's one load, shared with other modules
 
 
 def cosine(first: list[float], second: list[float]) -> float:

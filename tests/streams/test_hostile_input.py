@@ -30,6 +30,7 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
+from conftest import stop_all
 
 from projections import shadow
 from projections.deletion import queries as ledger
@@ -142,8 +143,7 @@ def twin(stack: Settings, env: Any, tmp_path: Path) -> Iterator[Any]:
     try:
         yield twin_env
     finally:
-        for worker in twin_env.workers:
-            worker.stop()
+        stop_all(twin_env.workers)
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
@@ -562,8 +562,7 @@ def test_hostile_input_is_dead_lettered_and_the_valid_stream_applied(env: Any, t
     letters = read_letters(env, produced)
     fate = judge_letters(env, produced, letters, problems)
     with_hostile = projection_checksums(env)
-    for worker in env.workers:  # the twin gets the cores
-        worker.stop()
+    stop_all(env.workers)  # the twin gets the cores
 
     run(twin, plan.valid_only(), TWIN_KINDS, TWIN_SECONDS)
     valid_only = projection_checksums(twin)

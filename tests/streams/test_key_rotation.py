@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import stop_all
 from pydantic import SecretStr
 
 from projections.sealing.fields import Shredded, entity_of, unseal
@@ -38,8 +39,7 @@ def with_keys(settings: Settings, keys: str) -> Settings:
 
 def restart(env: Any, settings: Settings) -> None:
     """Every worker stopped, and started again with ``settings``."""
-    for worker in env.workers:
-        worker.stop()
+    stop_all(env.workers)
     env.workers.clear()
     env.settings = settings
     for kind in KINDS:

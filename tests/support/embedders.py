@@ -12,12 +12,13 @@ from streams.settings import Settings
 
 
 @cache
-def _loaded(kind: EmbedderKind, hashing_dim: int) -> Embedder:
-    return build_embedder(kind, hashing_dim)  # wordllama loads in a second: once a session
+def loaded_embedder(kind: EmbedderKind, hashing_dim: int = 256) -> Embedder:
+    """The one embedder of each kind a test session builds (wordllama loads in a second)."""
+    return build_embedder(kind, hashing_dim)
 
 
 def embedder_of(settings: Settings) -> Embedder:
-    return _loaded(settings.embedder, settings.embedding_dim)
+    return loaded_embedder(settings.embedder, settings.embedding_dim)
 
 
 def vectors_of(settings: Settings) -> LanceVectorStore:

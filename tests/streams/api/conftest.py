@@ -1,7 +1,7 @@
 """Fixtures of the HTTP API tests: ``memproj serve`` against the real stack
 (``support.api_server``).
 
-``api`` is shared by the whole session (tests keep apart by tenant: each names its own with
+``api`` is shared by every API test (tests keep apart by tenant: each names its own with
 ``api.tenant()``); ``serve_api`` starts another server over any env with other settings (a
 tight rate limit, say)."""
 
@@ -21,15 +21,16 @@ from streams.settings import Settings
 from support.api_server import READ_WORKERS, ApiServer, serving
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api_env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    """One slice of the stack for every API test, with the workers the reads need."""
+    """One slice of the stack for every API test, with the workers the reads need; stopped
+    once the API tests are done (not kept polling through the rest of the session)."""
     with isolated_env(stack, tmp_path_factory.mktemp("api")) as env:
         env.start(*READ_WORKERS)
         yield env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api(api_env: Env) -> Iterator[ApiServer]:
     """The API server every test shares (tests keep apart by tenant)."""
     with serving(api_env) as server:
