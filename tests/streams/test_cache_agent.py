@@ -74,7 +74,7 @@ def change(offset: int, memory_id: str, subject: tuple[str, str] | None) -> Inpu
             }
         )
         value = record.model_dump_json().encode()
-    headers = list(entity_headers("acme", memory_id))
+    headers = [(name, value.encode()) for name, value in entity_headers("acme", memory_id)]
     return InputMessage(TOPIC, 0, offset, entity_key("acme", memory_id).encode(), value, headers)
 
 
