@@ -1,8 +1,12 @@
 """Redis cache-aside of recall results and context views, indexed so a deletion finds them.
 
 Every entry expires after the cache's TTL and is indexed by each subject, memory and
-conversation it holds, so invalidation needs no scan. ``reachable`` proves a deletion by
-scanning anyway, so an entry written behind the indexes' back is found too.
+conversation it holds, so invalidation needs no scan, and neither does the check that follows
+it (``indexed_each``: what the indexes and the known context keys still name). ``reachable``
+proves a deletion by scanning anyway, so an entry written behind the indexes' back is found
+too; a scan walks the whole keyspace (every namespace's keys), so it is for the ledger's
+verification probe and the ghost audit, not for a tombstone's acknowledgement
+(ops/decisions/cache-erasure.md).
 
 Keys (every part escaped by ``key_part``)::
 
@@ -15,7 +19,7 @@ Keys (every part escaped by ``key_part``)::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,16 +289,37 @@ class RedisCache:
     async def reachable_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[list[str]]:
         """``reachable`` of each (tenant, targets), sorted keys each: one scan per tenant and
         one read of every candidate for them all."""
-        keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
-        members = await self._members(
-            list(dict.fromkeys(i for tenant, targets in keys for i in tenant.indexes(targets)))
-        )
         scanned = {
             tenant_id: await self._scan(self._keys(tenant_id).cache_pattern())
             for tenant_id in dict.fromkeys(tenant_id for tenant_id, _ in erasures)
         }
+        return await self._holding(erasures, lambda tenant_id: scanned[tenant_id])
+
+    async def indexed_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[list[str]]:
+        """Of each (tenant, targets), the entries that the targets' indexes or their context
+        keys name and that hold any of the targets (or cannot be read as an entry), sorted:
+        what an invalidation left of the cache's own writes, every one indexed in the
+        transaction that wrote it. In two round trips, however many keys Redis holds; an
+        entry written behind the indexes' back is ``reachable_each``'s to find."""
+        return await self._holding(erasures, lambda _: set())
+
+    async def _holding(
+        self,
+        erasures: Sequence[tuple[str, Holdings]],
+        also: Callable[[str], set[str]],
+    ) -> list[list[str]]:
+        """The rule of ``reachable_each`` and ``indexed_each``: each erasure's candidates (its
+        indexes' members, its context keys, and ``also`` of its tenant) that still exist and
+        hold any of its targets, or that are not an entry (nothing proves they do not)."""
+        keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
+        members = await self._members(
+            list(dict.fromkeys(i for tenant, targets in keys for i in tenant.indexes(targets)))
+        )
         candidates = [
-            scanned[tenant.tenant_id].union(*(members[index] for index in tenant.indexes(targets)))
+            also(tenant.tenant_id).union(
+                map(tenant.context, targets.conversation_ids),
+                *(members[index] for index in tenant.indexes(targets)),
+            )
             for tenant, targets in keys
         ]
         entries = {key: entry async for key, entry in self._read(set().union(*candidates))}

@@ -29,24 +29,28 @@ class CacheStore(DerivedStore):
         return erased
 
     async def erase_many(self, tombstones: Sequence[Tombstone]) -> list[Erased]:
-        """Two round trips to invalidate the batch, and one scan per tenant to check it."""
-        erasures = [(tombstone.tenant_id, _targets(tombstone)) for tombstone in tombstones]
-        removed = await self._cache.invalidate_each(erasures)
-        left = await self._cache.reachable_each(erasures)
+        """Two round trips to invalidate the batch and two to check it, however many keys
+        Redis holds: the check reads what the items' indexes still name, not a scan of the
+        keyspace (one per tenant took seconds under load; ops/decisions/cache-erasure.md).
+        Entries written behind the indexes' back are the verification probe's to find
+        (``reachable``, after every store has acknowledged) and the ghost audit's."""
+        removed = await self._cache.invalidate_each(
+            [(t.tenant_id, _targets(t)) for t in tombstones]
+        )
+        left = await self._cache.indexed_each([(t.tenant_id, _items(t)) for t in tombstones])
         return [Erased(count, keys) for count, keys in zip(removed, left, strict=True)]
 
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
-        """Entries that still hold an erased memory or conversation (the tombstone's items).
+        """Entries that still hold an erased memory or conversation (the tombstone's items),
+        found through the indexes and a scan of the tenant's keys.
 
         Not every entry indexed under an erased subject: a recall after the erasure caches a
         (possibly empty) entry for the subject that holds nothing erased, and a new memory
-        about the subject has a new id. The audit judges entries the same way.
+        about the subject has a new id. The audit and ``erase_many``'s check judge entries
+        the same way (``_items``).
         """
-        return await self._cache.reachable(
-            tombstone.tenant_id,
-            conversation_ids=tombstone.conversation_ids(),
-            memory_ids=tombstone.ids("memory"),
-        )
+        (found,) = await self._cache.reachable_each([(tombstone.tenant_id, _items(tombstone))])
+        return found
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
         """Entries carry no time of their own, so only memory and conversation erasures count
@@ -67,3 +71,9 @@ def _targets(tombstone: Tombstone) -> Holdings:
     return Holdings.targets(
         subject_of(tombstone), tombstone.conversation_ids(), tombstone.ids("memory")
     )
+
+
+def _items(tombstone: Tombstone) -> Holdings:
+    """What an entry must not hold once the tombstone is honoured: its items, not its
+    subject (an entry filled after the erasure may be the subject's, holding nothing erased)."""
+    return Holdings.targets(None, tombstone.conversation_ids(), tombstone.ids("memory"))

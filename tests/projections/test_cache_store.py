@@ -1,9 +1,11 @@
-"""The Redis cache store against the real Redis of ops/stack: each test in its own namespace."""
+"""The Redis cache store against the real Redis of ops/stack: each test in its own namespace.
+Also the derived store's ``erase_many`` on it (projections/stores/cache.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import uuid4
 
@@ -22,7 +24,9 @@ from projections.cache.store import (
     glob_literal,
     key_part,
 )
+from projections.stores.cache import CacheStore
 from streams.settings import Settings
+from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 
 pytestmark = pytest.mark.integration
 
@@ -351,5 +355,118 @@ def test_a_batch_of_invalidations_is_counted_and_checked_per_erasure(namespace: 
         assert await cache.get_recall("beta", ALICE, "q_all") == [memory("m_shared")]
         assert not await client.exists(acme.memory_index("m_shared"))
         assert await cache.invalidate_each([]) == [] and await cache.reachable_each([]) == []
+
+    run(namespace, scenario)
+
+
+def _no_scan(cache: RedisCache) -> None:
+    async def refused(pattern: str) -> set[str]:
+        raise AssertionError(f"scanned {pattern}: the check must not walk the keyspace")
+
+    cache._scan = refused  # type: ignore[method-assign]
+
+
+def test_the_check_after_an_invalidation_reads_the_indexes_not_the_keyspace(
+    namespace: str,
+) -> None:
+    keys = TenantKeys(namespace, "acme")
+    rogue = keys.recall(CAROL, "q_rogue")
+
+    async def scenario(cache: RedisCache, client: Redis) -> None:
+        await cache.put_recall("acme", ALICE, "q_all", [memory("m_tea", "conv_1")])
+        await cache.put_recall("acme", BOB, "q_all", [memory("m_bob")])
+        await cache.put_recall("beta", ALICE, "q_all", [memory("m_tea")])
+        # Unindexed: a context entry (known from its conversation) and a recall entry.
+        await client.set(keys.context("conv_9"), orjson.dumps({"conversation_id": "conv_9"}))
+        await client.set(rogue, orjson.dumps({"records": [memory("m_tea")]}))
+        erasures = [
+            ("acme", Holdings.targets(None, [], ["m_tea"])),
+            ("acme", Holdings.targets(None, ["conv_9"], [])),
+            ("acme", Holdings.targets(None, ["conv_1"], ["m_none"])),
+            ("beta", Holdings.targets(None, [], ["m_bob"])),
+        ]
+        scanning = await cache.reachable_each(erasures)
+        _no_scan(cache)
+        indexed = await cache.indexed_each(erasures)
+
+        assert indexed == [
+            [keys.recall(ALICE, "q_all")],
+            [keys.context("conv_9")],
+            [keys.recall(ALICE, "q_all")],
+            [],
+        ]
+        # Only the scan finds what was written behind the indexes' back.
+        assert scanning == [sorted([keys.recall(ALICE, "q_all"), rogue]), *indexed[1:]]
+        assert await cache.indexed_each([]) == []
+
+    run(namespace, scenario)
+
+
+def erasure(tenant_id: str, subject: tuple[str, str], items: Sequence[TombstoneItem]) -> Tombstone:
+    now = datetime.now(UTC)
+    return Tombstone(
+        deletion_id=f"d_{subject[1]}",
+        tenant_id=tenant_id,
+        kind="erasure",
+        target=DeletionTarget(type="subject", subject_type=subject[0], id=subject[1]),
+        items=tuple(items),
+        issued_at=now,
+        cut_off=now,
+        deadline_at=now + timedelta(hours=1),
+        required_stores=("cache",),
+    )
+
+
+class FilledMeanwhile(RedisCache):
+    """A cache whose recall for Alice is filled again between a batch's invalidation and its
+    check, as a read after the erasure may be: with ``holding`` as its records."""
+
+    def __init__(self, client: Redis, namespace: str, holding: list[dict[str, Any]]) -> None:
+        super().__init__(client, 300, namespace)
+        self._refill = holding
+
+    async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]:
+        removed = await super().invalidate_each(erasures)
+        await self.put_recall("acme", ALICE, "q_after", self._refill)
+        return removed
+
+
+def test_erase_many_checks_the_items_not_the_subject_in_rounds_that_ignore_the_keyspace(
+    namespace: str,
+) -> None:
+    keys = TenantKeys(namespace, "acme")
+    tombstones = [
+        erasure(
+            "acme",
+            ALICE,
+            [
+                TombstoneItem(type="memory", id="m_tea"),
+                TombstoneItem(type="conversation", id="conv_1"),
+            ],
+        ),
+        erasure("beta", BOB, [TombstoneItem(type="memory", id="m_bob")]),
+    ]
+
+    async def scenario(cache: RedisCache, client: Redis) -> None:
+        await cache.put_recall("acme", ALICE, "q_all", [memory("m_tea"), memory("m_city")])
+        await cache.put_context("acme", "conv_1", ALICE, {"items": []})
+        await cache.put_recall("acme", BOB, "q_all", [memory("m_bob")])
+        await cache.put_recall("beta", BOB, "q_all", [memory("m_bob")])
+
+        # Filled after the erasure, Alice's new entry holds nothing erased: not a failure.
+        fresh = FilledMeanwhile(client, namespace, [memory("m_new")])
+        _no_scan(fresh)
+        erased = await CacheStore(fresh).erase_many(tombstones)
+        assert [(e.removed, e.reachable) for e in erased] == [(2, []), (1, [])]
+        assert await cache.get_recall("acme", ALICE, "q_after") == [memory("m_new")]
+        assert await cache.get_recall("acme", BOB, "q_all") == [memory("m_bob")]
+
+        # One that still holds an erased memory (a fill that broke the rule) is reported,
+        # and so by the verification probe's own check, which scans too.
+        broken = FilledMeanwhile(client, namespace, [memory("m_tea")])
+        _no_scan(broken)
+        (alice, _) = await CacheStore(broken).erase_many(tombstones)
+        assert (alice.removed, alice.reachable) == (1, [keys.recall(ALICE, "q_after")])
+        assert await CacheStore(cache).reachable(None, tombstones[0]) == alice.reachable  # type: ignore[arg-type]
 
     run(namespace, scenario)
