@@ -10,6 +10,7 @@ import sys
 from array import array
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from projections.embeddings.embedder import Embedder, wordless_vector
@@ -19,7 +20,15 @@ from projections.embeddings.factory import (
     build_embedder,
     embedder_identity,
 )
-from projections.embeddings.wordllama import MAX_TOKENS, WordLlamaEmbedder
+from projections.embeddings.wordllama import (
+    MAX_TOKENS,
+    TENSOR_KEY,
+    WEIGHTS_FILE,
+    WordLlamaEmbedder,
+    mapped_float16_tensor,
+    unit_rows,
+    wordllama_package,
+)
 from support.embedders import loaded_embedder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +53,10 @@ socket.getaddrinfo = refuse
 from projections.embeddings.factory import build_embedder
 
 embedder = build_embedder("wordllama", 256)
-print(json.dumps({"name": embedder.name, "vectors": embedder.embed(json.loads(sys.argv[1]))}))
+vectors = embedder.embed(json.loads(sys.argv[1]))
+# The wheel's files are read, its code not run (requests, pydantic: memory of every worker).
+imported = "wordllama" in sys.modules
+print(json.dumps({"name": embedder.name, "vectors": vectors, "imported": imported}))
 """
 
 
@@ -71,6 +83,7 @@ def test_it_loads_from_the_wheel_without_any_network() -> None:
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout.splitlines()[-1])
     assert loaded["name"] == WORDLLAMA_NAME == "wordllama/l2_supercat/256"
+    assert loaded["imported"] is False
     # The same vectors in another process: a replay rebuilds what the worker built.
     assert loaded["vectors"] == embedder().embed(TEXTS)
 
@@ -115,3 +128,41 @@ def test_only_the_first_tokens_of_a_huge_text_count() -> None:
 def test_paraphrases_are_nearer_than_an_unrelated_sentence() -> None:
     receipts, invoices, ferry, _ = embedder().embed(TEXTS)
     assert cosine(receipts, invoices) > cosine(receipts, ferry) + 0.1
+
+
+def test_its_vectors_are_the_wordllama_librarys_bit_for_bit() -> None:
+    # Vectors stored by the library's inference (before the weights were memory-mapped) stay
+    # valid: the same model name, no rebuild.
+    import wordllama
+    from wordllama import WordLlama
+
+    library = WordLlama.load(
+        "l2_supercat",
+        dim=WORDLLAMA_DIM,
+        cache_dir=Path(wordllama.__file__).parent,
+        disable_download=True,
+    )
+    library.tokenizer.enable_truncation(max_length=MAX_TOKENS)
+    paraphrases = json.loads((Path(__file__).parent / "data" / "paraphrases.json").read_text())
+    texts = [
+        *TEXTS,
+        "",
+        " ",
+        "x",
+        "the customer prefers email receipts " * (MAX_TOKENS // 2),  # truncated
+        *(memory["text"] for memory in paraphrases["memories"]),
+        *(query["text"] for query in paraphrases["queries"]),
+    ]
+    expected = [unit_rows(library.embed([text]))[0] for text in texts]
+    assert [embedder().embed([text])[0] for text in texts] == expected
+    assert embedder().embed(texts) == expected
+
+
+def test_the_weights_are_the_wheels_float16_matrix_mapped_read_only() -> None:
+    weights = mapped_float16_tensor(wordllama_package() / WEIGHTS_FILE, TENSOR_KEY)
+    assert isinstance(weights, np.memmap)
+    assert (weights.shape, weights.dtype, weights.flags.writeable) == (
+        (32_000, WORDLLAMA_DIM),
+        np.dtype(np.float16),
+        False,
+    )
