@@ -42,6 +42,11 @@ from projections.embeddings.factory import WORDLLAMA_CONFIG, WORDLLAMA_DIM, WORD
 # rows while they are widened).
 MAX_TOKENS = 1024
 BATCH_TEXTS = 16
+# The tokenizer reads a text whole before it truncates (its tokens, offsets and strings: ~1.4
+# MB for 70 KB of text), so a batch also stops at BATCH_CHARS characters, a longer text
+# alone: 16 tool results of 70 KB took 50 MB at once, one at a time 10. A text's vector does
+# not depend on its batch, so this changes no vector.
+BATCH_CHARS = 16_384
 # Where the wheel keeps the model (wordllama.config.WordLlamaModels.l2_supercat names them).
 WEIGHTS_FILE = f"weights/{WORDLLAMA_CONFIG}_{WORDLLAMA_DIM}.safetensors"
 TOKENIZER_FILE = f"tokenizers/{WORDLLAMA_CONFIG}_tokenizer_config.json"
@@ -70,16 +75,10 @@ class WordLlamaEmbedder:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        # Texts of alike length batched together: a batch is padded to its longest text.
-        order = sorted(range(len(texts)), key=lambda index: len(texts[index]))
         pooled = np.empty((len(texts), WORDLLAMA_DIM), dtype=np.float32)
-        for start in range(0, len(order), BATCH_TEXTS):
-            batch = order[start : start + BATCH_TEXTS]
-            pooled[start : start + len(batch)] = self._mean_tokens([texts[i] for i in batch])
-        vectors: list[list[float]] = [[] for _ in texts]
-        for index, vector in zip(order, unit_rows(pooled), strict=True):
-            vectors[index] = vector
-        return vectors
+        for batch in length_batches([len(text) for text in texts]):
+            pooled[batch] = self._mean_tokens([texts[index] for index in batch])
+        return unit_rows(pooled)
 
     def _mean_tokens(self, texts: list[str]) -> FloatMatrix:
         """The mean of each text's token vectors, computed as ``WordLlamaInference.embed``
@@ -95,6 +94,24 @@ class WordLlamaEmbedder:
         sums: FloatMatrix = np.sum(tokens, axis=1, dtype=np.float32)
         means: FloatMatrix = sums / counts
         return means
+
+
+def length_batches(lengths: Sequence[int]) -> list[list[int]]:
+    """The indexes of texts of these lengths, shortest first, in batches of at most
+    BATCH_TEXTS texts and BATCH_CHARS characters (a longer text in a batch of its own). Texts
+    of alike length go together: a batch is padded to its longest text."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    characters = 0
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if batch and (len(batch) == BATCH_TEXTS or characters + lengths[index] > BATCH_CHARS):
+            batches.append(batch)
+            batch, characters = [], 0
+        batch.append(index)
+        characters += lengths[index]
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 def wordllama_package() -> Path:

@@ -21,10 +21,13 @@ from projections.embeddings.factory import (
     embedder_identity,
 )
 from projections.embeddings.wordllama import (
+    BATCH_CHARS,
+    BATCH_TEXTS,
     MAX_TOKENS,
     TENSOR_KEY,
     WEIGHTS_FILE,
     WordLlamaEmbedder,
+    length_batches,
     mapped_float16_tensor,
     unit_rows,
     wordllama_package,
@@ -166,3 +169,20 @@ def test_the_weights_are_the_wheels_float16_matrix_mapped_read_only() -> None:
         np.dtype(np.float16),
         False,
     )
+
+
+def test_batches_are_of_alike_lengths_and_bounded_in_texts_and_characters() -> None:
+    lengths = [5] * 40 + [BATCH_CHARS * 3, 0, BATCH_CHARS // 2, BATCH_CHARS // 2 + 1, 7]
+    batches = length_batches(lengths)
+    assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
+    flat = [lengths[index] for batch in batches for index in batch]
+    assert flat == sorted(lengths)  # shortest first
+    for batch in batches:
+        assert len(batch) <= BATCH_TEXTS
+        assert len(batch) == 1 or sum(lengths[index] for index in batch) <= BATCH_CHARS
+    # Two halves of the budget and one more character do not fit together; three budgets alone.
+    assert [[lengths[index] for index in batch] for batch in batches[-2:]] == [
+        [BATCH_CHARS // 2 + 1],
+        [BATCH_CHARS * 3],
+    ]
+    assert length_batches([]) == []
