@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
@@ -302,3 +302,18 @@ class Isolation:
         """The dead letter of a message the codec refused (not a failure: no breaker)."""
         self._observer.dead_lettered(message.topic, invalid.code.value)
         return self.dead_letters.invalid(message, invalid)
+
+
+def position(message: InputMessage) -> Position:
+    """Where ``message`` was read: what names it within a batch."""
+    return Position(message.topic, message.partition, message.offset)
+
+
+async def raise_refused(refused: Mapping[Position, Exception], message: InputMessage) -> None:
+    """The handler a batch decoded up front gives ``Isolation``: re-raises, in the ``decode``
+    stage, what refused ``message`` then (nothing for the others), so that the isolated
+    message is dead-lettered for it alone."""
+    failure = refused.get(position(message))
+    if failure is not None:
+        with stage("decode"):
+            raise failure

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from projections import rebuilds
 from projections.bookkeeping import Conn
-from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
+from projections.deletion.erasure import ErasureIndex, ErasureRow, erasure_row, latest_erasures
 from projections.stores import STORE_NAMES, DerivedStore
 
 EXAMPLES = 10
@@ -41,20 +41,11 @@ async def load_covered(conn: Conn) -> dict[str, ErasureIndex]:
         " UNION ALL SELECT r.tenant_id, 'memory', '', r.target_id, r.deletion_id, r.cut_off"
         " FROM deletion_requests r WHERE r.kind = 'revocation'"
     )
-    entries: dict[str, dict[EntityKey, Erasure]] = defaultdict(dict)
-    for (
-        tenant,
-        entity_type,
-        subject_type,
-        entity_id,
-        deletion_id,
-        cut_off,
-    ) in await cursor.fetchall():
-        key = (tenant, entity_type, subject_type, entity_id)
-        known = entries[tenant].get(key)
-        if known is None or cut_off > known.cut_off:
-            entries[tenant][key] = Erasure(deletion_id, cut_off)
-    return {tenant: ErasureIndex(found) for tenant, found in entries.items()}
+    rows: dict[str, list[ErasureRow]] = defaultdict(list)
+    for columns in await cursor.fetchall():
+        row = erasure_row(columns)
+        rows[row[0][0]].append(row)
+    return {tenant: ErasureIndex(latest_erasures(found)) for tenant, found in rows.items()}
 
 
 async def audit_ghosts(

@@ -44,6 +44,31 @@ class Erasure:
         return f"erased by {self.deletion_id} (cut-off {self.cut_off.isoformat()})"
 
 
+ErasureRow = tuple[EntityKey, str, datetime]  # (key, deletion_id, cut_off)
+
+
+def erasure_row(
+    columns: tuple[str, str, str, str, str, datetime],
+) -> ErasureRow:
+    """A row of ``tenant_id, entity_type, subject_type, entity_id, deletion_id, cut_off``
+    (every query of the erasure index selects them in that order) as (key, deletion id,
+    cut-off)."""
+    tenant, entity_type, subject_type, entity_id, deletion_id, cut_off = columns
+    return (tenant, entity_type, subject_type, entity_id), deletion_id, cut_off
+
+
+def latest_erasures(rows: Iterable[ErasureRow]) -> dict[EntityKey, Erasure]:
+    """The erasure that counts per entity among ``(key, deletion_id, cut_off)`` rows: the
+    latest cut-off (a tie broken by deletion id, so the answer does not depend on the rows'
+    order)."""
+    entries: dict[EntityKey, Erasure] = {}
+    for key, deletion_id, cut_off in rows:
+        known = entries.get(key)
+        if known is None or (cut_off, deletion_id) > (known.cut_off, known.deletion_id):
+            entries[key] = Erasure(deletion_id, cut_off)
+    return entries
+
+
 @dataclass(frozen=True, slots=True)
 class ErasureIndex:
     """The erasures that matter to one batch: the latest cut-off per erased entity."""

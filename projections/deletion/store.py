@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from projections import rebuilds
@@ -29,7 +28,13 @@ from projections.bookkeeping import (
 )
 from projections.deadletters import keys as letter_key_store
 from projections.deletion import coverage
-from projections.deletion.erasure import EntityKey, Erasure, ErasureIndex
+from projections.deletion.erasure import (
+    EntityKey,
+    ErasureIndex,
+    ErasureRow,
+    erasure_row,
+    latest_erasures,
+)
 from projections.deletion.ledger import (
     LedgerEntry,
     ResolvedTarget,
@@ -88,9 +93,6 @@ async def hold_erasures(conn: Conn) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_ERASURES_LOCK,))
 
 
-ErasureRow = tuple[EntityKey, str, datetime]  # (key, deletion_id, cut_off)
-
-
 @dataclass(frozen=True, slots=True)
 class ErasuresRead:
     """What one read of the erasure index found for a batch's keys: every row, so that a
@@ -101,12 +103,7 @@ class ErasuresRead:
 
     @property
     def index(self) -> ErasureIndex:
-        entries: dict[EntityKey, Erasure] = {}
-        for key, deletion_id, cut_off in self.rows:
-            known = entries.get(key)
-            if known is None or (cut_off, deletion_id) > (known.cut_off, known.deletion_id):
-                entries[key] = Erasure(deletion_id, cut_off)
-        return ErasureIndex(entries)
+        return ErasureIndex(latest_erasures(self.rows))
 
 
 async def read_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasuresRead:
@@ -131,17 +128,7 @@ async def _erasure_rows(conn: Conn, wanted: Sequence[EntityKey]) -> frozenset[Er
         " USING (tenant_id, entity_type, subject_type, entity_id)",
         (keyset_param(wanted),),
     )
-    return frozenset(
-        ((tenant, entity_type, subject_type, entity_id), deletion_id, cut_off)
-        for (
-            tenant,
-            entity_type,
-            subject_type,
-            entity_id,
-            deletion_id,
-            cut_off,
-        ) in await cursor.fetchall()
-    )
+    return frozenset(erasure_row(row) for row in await cursor.fetchall())
 
 
 async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:

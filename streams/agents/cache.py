@@ -11,7 +11,7 @@ batch be invalidated one message at a time, so that only that one is dead-letter
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 from pydantic import ValidationError
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from projections.cache.store import Holdings, RedisCache
 from projections.deadletters.sealing import Position
 from streams.failures import FailureKind, classify
-from streams.isolation import Isolation, stage
+from streams.isolation import Isolation, position, raise_refused, stage
 from streams.runner import Publisher
 from topics.codec import InvalidMessage
 from topics.messages import InputMessage
@@ -27,10 +27,6 @@ from topics.outputs import DeadLetterReason, MemoryRecord
 from topics.registry import entity_of_message
 
 log = logging.getLogger(__name__)
-
-
-def _position(message: InputMessage) -> Position:
-    return Position(message.topic, message.partition, message.offset)
 
 
 def stale_targets(message: InputMessage) -> tuple[str, Holdings]:
@@ -62,7 +58,7 @@ class CacheFreshness:
         harmless), or one message at a time when that fails because of one of them."""
         stale, refused = self._sort(messages)
         # The batch invalidated, only the messages refused are left to isolation.
-        handle: Callable[[InputMessage], Awaitable[None]] = partial(self._refuse, refused)
+        handle: Callable[[InputMessage], Awaitable[None]] = partial(raise_refused, refused)
         try:
             await self._cache.invalidate_each(stale)
         except Exception as exc:
@@ -90,15 +86,8 @@ class CacheFreshness:
             try:
                 stale.append(stale_targets(message))
             except Exception as exc:
-                refused[_position(message)] = exc
+                refused[position(message)] = exc
         return stale, refused
-
-    @staticmethod
-    async def _refuse(refused: Mapping[Position, Exception], message: InputMessage) -> None:
-        failure = refused.get(_position(message))
-        if failure is not None:
-            with stage("decode"):
-                raise failure
 
     async def _refresh(self, message: InputMessage) -> None:
         with stage("decode"):

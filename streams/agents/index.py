@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
 from projections.conversation.published import PublishedMessage, parse_record
+from projections.deadletters.sealing import Position
 from projections.deletion import store as deletion_store
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
@@ -32,7 +33,7 @@ from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
-from streams.isolation import Isolation, stage
+from streams.isolation import Isolation, position, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
 from topics.codec import InvalidMessage, encode
@@ -91,8 +92,8 @@ class EmbeddingsIndexer:
     async def apply(self, messages: Sequence[InputMessage], isolation: Isolation) -> None:
         """Index a batch: unreadable messages and those whose update fails are dead-lettered,
         the rest indexed (writing an update twice is harmless, so parts may be redone)."""
-        updates: dict[tuple[str, int, int], IndexUpdate] = {}
-        sealed: dict[tuple[str, int, int], PublishedMessage] = {}
+        updates: dict[Position, IndexUpdate] = {}
+        sealed: dict[Position, PublishedMessage] = {}
         dead: list[OutboxMessage] = []
         for message in messages:
             try:
@@ -102,22 +103,22 @@ class EmbeddingsIndexer:
                 dead.append(isolation.invalid(message, invalid))
                 continue
             if isinstance(decoded, PublishedMessage):
-                sealed[_position(message)] = decoded
+                sealed[position(message)] = decoded
             else:
-                updates[_position(message)] = decoded
+                updates[position(message)] = decoded
 
         async def open_part(part: Sequence[InputMessage]) -> list[OutboxMessage]:
             return await self._open(part, sealed, updates, isolation)
 
         opened, open_failed = await isolation.split(
-            [m for m in messages if _position(m) in sealed], open_part
+            [m for m in messages if position(m) in sealed], open_part
         )
         dead += [letter for letters in opened for letter in letters]
         # In the order of the batch: of two updates of one entry, the later one wins.
-        decodable = [m for m in messages if _position(m) in updates]
+        decodable = [m for m in messages if position(m) in updates]
 
         async def index_part(part: Sequence[InputMessage]) -> None:
-            await self.index([updates[_position(m)] for m in part])
+            await self.index([updates[position(m)] for m in part])
 
         _, failed = await isolation.split(decodable, index_part)
         dead += isolation.judge(len(messages), open_failed + failed)
@@ -127,8 +128,8 @@ class EmbeddingsIndexer:
     async def _open(
         self,
         part: Sequence[InputMessage],
-        sealed: Mapping[tuple[str, int, int], PublishedMessage],
-        updates: dict[tuple[str, int, int], IndexUpdate],
+        sealed: Mapping[Position, PublishedMessage],
+        updates: dict[Position, IndexUpdate],
         isolation: Isolation,
     ) -> list[OutboxMessage]:
         """Open the sealed messages of ``part`` with their conversations' data keys (read in
@@ -138,11 +139,11 @@ class EmbeddingsIndexer:
         nothing: ``index`` reads the erasure index in its own transaction and refuses it."""
         with stage("unseal"):
             async with self._pool.connection() as conn:
-                keys = await self._keys.keys(conn, [sealed[_position(m)].entity for m in part])
+                keys = await self._keys.keys(conn, [sealed[position(m)].entity for m in part])
         shredded = 0
         failed: list[tuple[InputMessage, PublishedMessage, str]] = []
         for message in part:
-            published = sealed[_position(message)]
+            published = sealed[position(message)]
             try:
                 opened = published.opened(keys.get(published.entity))
             except Shredded:
@@ -151,7 +152,7 @@ class EmbeddingsIndexer:
             except Unreadable as exc:
                 failed.append((message, published, str(exc)[:500]))
                 continue
-            updates[_position(message)] = _message_update(opened)
+            updates[position(message)] = _message_update(opened)
         erased: set[EntityRef] = set()
         if failed:
             # Sealed under a key an erasure destroyed, its conversation having a new one now.
@@ -268,7 +269,3 @@ def _message_update(published: PublishedMessage) -> MessageUpdate:
         occurred_at=published.occurred_at,
         event_id=published.event_id,
     )
-
-
-def _position(message: InputMessage) -> tuple[str, int, int]:
-    return (message.topic, message.partition, message.offset)

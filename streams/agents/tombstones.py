@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 
 from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
+from projections.deadletters.sealing import Position
 from projections.stores import STORE_NAMES
 from projections.stores.base import DerivedStore, Erased
 from streams.failures import FailureKind, classify, retry_transient
-from streams.isolation import Isolation, stage
+from streams.isolation import Isolation, position, raise_refused, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
 from topics.codec import InvalidMessage, encode
@@ -39,14 +40,6 @@ log = logging.getLogger(__name__)
 
 # A tombstone that names a store memproj does not have was not written by its ledger.
 KNOWN = frozenset(STORE_NAMES)
-
-
-# Where a message is in its topic: what names it within a batch.
-Position = tuple[str, int, int]
-
-
-def _position(message: InputMessage) -> Position:
-    return (message.topic, message.partition, message.offset)
 
 
 def _still_reachable(erased: Erased) -> str:
@@ -80,7 +73,7 @@ class TombstoneHandler:
         of one of them; dead letters are published before the batch is acknowledged."""
         ours, refused = self._sort(messages)
         # The batch honoured, only the messages refused are left to isolation.
-        handle: Callable[[InputMessage], Awaitable[None]] = partial(self._refuse, refused)
+        handle: Callable[[InputMessage], Awaitable[None]] = partial(raise_refused, refused)
         try:
             await self._honour(ours, alone=False)
         except Exception as exc:
@@ -116,18 +109,11 @@ class TombstoneHandler:
             try:
                 tombstone = self._decode(message)
             except Exception as exc:
-                refused[_position(message)] = exc
+                refused[position(message)] = exc
                 continue
             if tombstone.is_for(self.store.name):
                 ours.append(tombstone)
         return ours, refused
-
-    @staticmethod
-    async def _refuse(refused: Mapping[Position, Exception], message: InputMessage) -> None:
-        failure = refused.get(_position(message))
-        if failure is not None:
-            with stage("decode"):
-                raise failure
 
     async def _honour(self, tombstones: Sequence[Tombstone], alone: bool) -> None:
         """Erase the tombstones and verify them, retrying the unverified ones and transient
