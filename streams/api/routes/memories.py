@@ -9,7 +9,7 @@ and the erasure index (``streams.reads``); what the guard dropped is counted in 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Literal
@@ -120,6 +120,30 @@ def _answer(
     return answer, decision
 
 
+# What a subject's read hydrates its query with: recall through the cache, or search.
+Hydrate = Callable[[Conn, RecallQuery], Awaitable[reads.Hydrated]]
+
+
+async def read_subject(
+    request: Request,
+    services: ApiServices,
+    principal: Principal,
+    subject: tuple[str, str],
+    purpose: str,
+    exact: ExactFilters,
+    limit: int,
+    hydrate: Hydrate,
+) -> MemoryList:
+    """A subject's memories under the request's purpose, audited: the query built from the
+    purpose's policy and the exact filters, hydrated by ``hydrate``."""
+
+    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
+        hydrated = await hydrate(conn, _query(principal, policy, subject, exact, limit))
+        return _answer(services, request, hydrated)
+
+    return await audited_read(services, principal, request, purpose, ":".join(subject), read)
+
+
 @router.get(
     "/subjects/{subject_type}/{subject_id}/memories",
     response_model=MemoryList,
@@ -140,13 +164,11 @@ async def recall(
     """Never revoked, superseded, expired, erased or another tenant's; newest observation
     first. Through the cache; every cached candidate is re-read through the projection."""
 
-    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
-        query = _query(principal, policy, (subject_type, subject_id), exact, limit)
-        hydrated = await reads.recall(conn, services.cache, query, services.clock())
-        return _answer(services, request, hydrated)
+    async def hydrate(conn: Conn, query: RecallQuery) -> reads.Hydrated:
+        return await reads.recall(conn, services.cache, query, services.clock())
 
-    subject = f"{subject_type}:{subject_id}"
-    return await audited_read(services, principal, request, purpose, subject, read)
+    subject = (subject_type, subject_id)
+    return await read_subject(request, services, principal, subject, purpose, exact, limit, hydrate)
 
 
 @router.get(
@@ -172,15 +194,13 @@ async def search(
     hydrated through the projection and the erasure index, and those outside the request's
     statuses or maximum age are dropped; ``blocked`` counts the guard's drops."""
 
-    async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryList, ReadDecision]:
-        query = _query(principal, policy, (subject_type, subject_id), exact, limit)
-        hydrated = await reads.recall_by_text(
+    async def hydrate(conn: Conn, query: RecallQuery) -> reads.Hydrated:
+        return await reads.recall_by_text(
             conn, services.vectors, services.embedder, query, text, services.clock()
         )
-        return _answer(services, request, hydrated)
 
-    subject = f"{subject_type}:{subject_id}"
-    return await audited_read(services, principal, request, purpose, subject, read)
+    subject = (subject_type, subject_id)
+    return await read_subject(request, services, principal, subject, purpose, exact, limit, hydrate)
 
 
 @router.get(
