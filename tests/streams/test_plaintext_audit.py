@@ -110,11 +110,13 @@ def test_the_exit_status() -> None:
 
 
 def _audit(
-    env: Any, marker: str, *schemas: str, stdin: str | None = None
+    env: Any, marker: str, *schemas: str, stdin: str | None = None, source: str | None = None
 ) -> tuple[int, dict[str, Any]]:
     arguments = ["audit", "plaintext", marker, "--json"]
     for schema in schemas:
         arguments += ["--schema", schema]
+    if source is not None:
+        arguments += ["--source", source]
     environment = env.settings.as_environment()
     result = CliRunner().invoke(cli, arguments, env=environment, input=stdin)
     assert result.exit_code in (0, 1), result.output
@@ -357,7 +359,7 @@ def test_dead_tuples_are_read_until_a_vacuum_removes_them(env: Any) -> None:
     with env.connect() as conn:
         conn.execute("DELETE FROM outbox")
         conn.execute("UPDATE memories SET value = '{\"likes\": \"tea\"}' WHERE memory_id = 'm1'")
-    status, found = _audit(env, marker, env.schema)
+    status, found = _audit(env, marker, env.schema, source="postgres")
     assert status == 1 and found["errors"] == [], found
     places = _places(found)
     assert ("table", f"{env.schema}.memories") not in places  # the live row holds no marker
@@ -372,7 +374,7 @@ def test_dead_tuples_are_read_until_a_vacuum_removes_them(env: Any) -> None:
     with env.connect() as conn:
         conn.autocommit = True
         conn.execute("VACUUM (FREEZE, INDEX_CLEANUP ON) memories, outbox")
-    status, found = _audit(env, marker, env.schema)
+    status, found = _audit(env, marker, env.schema, source="postgres")
     assert (status, found["findings"], found["errors"]) == (0, [], []), found
 
 
@@ -385,7 +387,7 @@ def test_without_pg_dirtyread_the_audit_says_it_could_not_look_at_dead_tuples(en
     try:
         dsn = psycopg.conninfo.make_conninfo(env.settings.postgres_dsn, dbname=database)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY)")
+            conn.execute("CREATE TABLE public.schema_migrations (version integer PRIMARY KEY)")
         environment = {**env.settings.as_environment(), "MEMPROJ_POSTGRES_DSN": dsn}
         result = CliRunner().invoke(
             cli,
