@@ -1,9 +1,11 @@
 """The deletion worker's periodic duties: redeliver overdue tombstones and report them,
-verify completed deletions with the retrieval probe, refresh the deletion metrics, and trim
-the API's read audit past its retention."""
+verify completed deletions with the retrieval probe, purge what completed deletions left
+(``streams.purge``), refresh the deletion metrics, and trim the API's read audit past its
+retention."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -21,6 +23,7 @@ from projections.deletion.verify import verify
 from projections.stores import STORE_NAMES, DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
+from streams.purge import PurgeRound
 from topics.codec import encode
 from topics.registry import DELETION_STATUS, DELETION_TOMBSTONES, TopicNames, entity_key
 
@@ -41,9 +44,12 @@ class LedgerMaintenance(Service):
         rebuild_grace: timedelta,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         audit_retention: timedelta | None = None,
+        purge: PurgeRound | None = None,
+        purge_interval: timedelta = timedelta(seconds=30),
         **kwargs: Any,
     ) -> None:
-        """``audit_retention``: the API's read audit rows are kept this long (None: forever)."""
+        """``audit_retention``: the API's read audit rows are kept this long (None: forever).
+        ``purge``: the purge checks, run every ``purge_interval`` (None: not run)."""
         self._pool = pool
         self._publisher = publisher
         self._stores = stores
@@ -54,6 +60,9 @@ class LedgerMaintenance(Service):
         self._rebuild_grace = rebuild_grace
         self._clock = clock
         self._audit_retention = audit_retention
+        self._purge = purge
+        self._purge_interval = purge_interval.total_seconds()
+        self._purged_round_at = float("-inf")
         super().__init__(**kwargs)
 
     @Service.task
@@ -68,6 +77,7 @@ class LedgerMaintenance(Service):
                 self.drop_expired_probes,
                 self.destroy_expired_letter_keys,
                 self.trim_read_audit,
+                self.check_purges,
             ):
                 try:
                     await duty()
@@ -181,10 +191,54 @@ class LedgerMaintenance(Service):
             log.info("trimmed %d read audit rows past their retention", trimmed)
         return trimmed
 
+    async def check_purges(self) -> int:
+        """Every ``purge_interval``: one purge round (``streams.purge.PurgeRound``), then
+        ``deletion.purged`` on ``deletion.status`` for each deletion it purged, through the
+        outbox like every other output."""
+        loop_time = asyncio.get_running_loop().time()
+        if self._purge is None or loop_time - self._purged_round_at < self._purge_interval:
+            return 0
+        self._purged_round_at = loop_time
+        purged = await self._purge.run()
+        if not purged:
+            return 0
+        async with self._pool.connection() as conn, conn.transaction():
+            states = await lifecycle.load_states(conn, purged)
+            times = await lifecycle.purge_times(conn, purged)
+            messages = []
+            for key, state in sorted(states.items()):
+                purged_at, places = times.get(key, (None, {}))
+                if purged_at is None:
+                    continue
+                self._metrics.deletion_purged((purged_at - state.requested_at).total_seconds())
+                stores = {
+                    name: store.model_copy(update={"purged_at": places.get(name)})
+                    for name, store in state.stores.items()
+                }
+                status = state.status("deletion.purged").model_copy(
+                    update={"stores": stores, "purged_at": purged_at, "purged": places}
+                )
+                messages.append(
+                    OutboxMessage(
+                        self._topics.name(DELETION_STATUS),
+                        entity_key(state.tenant_id, state.deletion_id).encode(),
+                        encode(status),
+                    )
+                )
+            batch = await bookkeeping.add_to_outbox(conn, PRODUCER, messages)
+        await self._publisher.publish(messages)
+        async with self._pool.connection() as conn:
+            await bookkeeping.remove_outbox_batch(conn, batch)
+        log.info("%d deletions purged: no copy left anywhere memproj writes", len(messages))
+        return len(messages)
+
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:
             pending = await queries.pending_by_store(conn, self._clock())
             blocked = await queries.blocked_reads(conn)
+            unpurged = await queries.unpurged_by_place(conn, self._clock())
+        if self._purge is not None:
+            self._metrics.unpurged_deletions(unpurged, self._purge.places)
         self._metrics.pending_deletions(pending, STORE_NAMES)
         self._metrics.deletion_slos({s.name: s.deletion_slo_seconds for s in self._stores})
         self._metrics.blocked_reads(blocked)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from projections.deletion.queries import PendingDeletions
+from projections.deletion.queries import PendingDeletions, Unpurged
 from streams.lag import PartitionLag
 
 
@@ -132,6 +132,26 @@ class Metrics:
             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400),
             registry=registry,
         )
+        # -- purge: the second milestone (streams.purge)
+        self.deletion_purge = Histogram(
+            "memproj_deletion_purge_seconds",
+            "time from a deletion request to no copy left anywhere memproj writes (purged)",
+            buckets=(10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 86400, 604800),
+            registry=registry,
+        )
+        self.deletions_unpurged = Gauge(
+            "memproj_deletions_unpurged",
+            "completed deletions whose copies are not purged yet, per place a copy can remain "
+            "(the stores, memory.current, raw_input, postgres, rebuild_copies)",
+            ["store"],
+            registry=registry,
+        )
+        self.deletion_oldest_unpurged = Gauge(
+            "memproj_deletion_oldest_unpurged_seconds",
+            "age (since its request) of the oldest completed deletion not purged yet, per place",
+            ["store"],
+            registry=registry,
+        )
         self._blocked_reads: dict[str, int] = {}
         registry.register(_BlockedReads(self._blocked_reads))
         self.index_updates = Counter(
@@ -216,6 +236,15 @@ class Metrics:
 
     def deletion_completed(self, seconds: float) -> None:
         self.deletion_completion.observe(seconds)
+
+    def deletion_purged(self, seconds: float) -> None:
+        self.deletion_purge.observe(seconds)
+
+    def unpurged_deletions(self, by_place: Mapping[str, Unpurged], places: Iterable[str]) -> None:
+        for place in places:
+            unpurged = by_place.get(place, Unpurged(0, 0.0))
+            self.deletions_unpurged.labels(place).set(unpurged.count)
+            self.deletion_oldest_unpurged.labels(place).set(unpurged.oldest_seconds)
 
     def deletion_slos(self, slo_seconds: Mapping[str, float]) -> None:
         for store, seconds in slo_seconds.items():

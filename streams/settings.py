@@ -194,6 +194,13 @@ class Settings(BaseSettings):
     deletion_check_interval_seconds: float = Field(
         1.0, description="how often the deletion worker checks deadlines and verifications"
     )
+    deletion_purge_check_seconds: float = Field(
+        30.0,
+        description="how often the deletion worker checks whether completed deletions left a "
+        "copy anywhere (memory.current before compaction, raw input, PostgreSQL dead tuples, "
+        "a store's old versions), vacuuming the tables they deleted from once the "
+        "transaction horizon allows; 0: never (no deletion reaches purged)",
+    )
     rebuild_grace_seconds: float = Field(
         7 * 24 * 3600.0,
         description="rebuild shadows (replay_*) and retired tables (retired_*) are dropped "

@@ -41,6 +41,7 @@ from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.monitoring import MonitorService
 from streams.probes import ShutdownBudget
+from streams.purge import PurgeRound, purge_checks
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
     BatchConsumers,
@@ -296,6 +297,10 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
                 timedelta(seconds=settings.deletion_redelivery_seconds),
                 timedelta(seconds=settings.rebuild_grace_seconds),
                 audit_retention=settings.api_audit_retention,
+                purge=PurgeRound(parts.pool, purge_checks(settings, parts.pool, stores))
+                if settings.deletion_purge_check_seconds > 0
+                else None,
+                purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
             ),
             # Topic lifetimes (issue 15): memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics),

@@ -161,12 +161,17 @@ class StoreState(Frozen):
     attempts: int = 0
     redeliveries: int = 0
     error: str | None = None
+    # When no copy of the deletion is left in the store (``deletion.purged``); additive.
+    purged_at: datetime | None = None
 
 
 class DeletionStatus(Frozen):
-    """``deletion.completed`` or ``deletion.overdue`` on ``deletion.status`` (compacted)."""
+    """``deletion.completed``, ``deletion.overdue`` or ``deletion.purged`` on
+    ``deletion.status`` (compacted). ``deletion.purged`` is the last of a deletion: every
+    place a copy could remain (``purged``: the stores and the places outside them) holds none
+    any more."""
 
-    event_type: Literal["deletion.completed", "deletion.overdue"]
+    event_type: Literal["deletion.completed", "deletion.overdue", "deletion.purged"]
     deletion_id: str
     tenant_id: str
     kind: Literal["erasure", "revocation"]
@@ -174,3 +179,7 @@ class DeletionStatus(Frozen):
     requested_at: datetime
     stores: dict[str, StoreState]
     completed_at: datetime | None = None
+    purged_at: datetime | None = None
+    # Per place a copy can remain (stores, memory.current, raw input, PostgreSQL's dead
+    # tuples, rebuild copies): when it was purged.
+    purged: dict[str, datetime] = Field(default_factory=dict)

@@ -138,7 +138,7 @@ DELETION_STATUS = TopicSpec(
     3,
     CleanupPolicy.COMPACT,
     None,
-    "deletion.completed or deletion.overdue with per-store state",
+    "deletion.completed, deletion.overdue or deletion.purged with per-store state",
 )
 # Compaction of memory.current, bounded so that an erased or superseded value is gone from the
 # log well within the deletion SLO (MEMPROJ_DELETION_DEADLINE_SECONDS, 1 h by default). The

@@ -173,7 +173,7 @@ class RequestState:
         return self.completed_at is not None
 
     def status(
-        self, event_type: Literal["deletion.completed", "deletion.overdue"]
+        self, event_type: Literal["deletion.completed", "deletion.overdue", "deletion.purged"]
     ) -> DeletionStatus:
         return DeletionStatus(
             event_type=event_type,

@@ -160,3 +160,112 @@ async def drop_expired_probes(conn: Conn, now: datetime) -> int:
         (now,),
     )
     return cursor.rowcount
+
+
+# -- purge: the second milestone (projections.deletion.purge) ----------------------------------
+
+_PURGE_LOCK = "memproj:deletion-purge"
+
+
+async def try_purge_lock(conn: Conn) -> bool:
+    """The purge duty's session lock: one deletion worker runs a round at a time (its checks
+    vacuum and read whole topics; two at once would only do it twice). Released by
+    ``purge_unlock``, or when the connection closes."""
+    cursor = await conn.execute(
+        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_PURGE_LOCK,)
+    )
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
+async def purge_unlock(conn: Conn) -> None:
+    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (_PURGE_LOCK,))
+
+
+async def completed_unscheduled(conn: Conn, limit: int = 500) -> list[Tombstone]:
+    """Completed deletions whose places are not written yet, oldest first."""
+    cursor = await conn.execute(
+        "SELECT tombstone FROM deletion_requests WHERE status = 'completed'"
+        " AND purged_at IS NULL AND purge_due_at IS NULL ORDER BY completed_at LIMIT %s",
+        (limit,),
+    )
+    return [Tombstone.model_validate(row[0]) for row in await cursor.fetchall()]
+
+
+async def schedule_purges(
+    conn: Conn,
+    places: Sequence[tuple[str, str, str, Mapping[str, Any]]],
+    keys: Sequence[RequestKey],
+    now: datetime,
+) -> None:
+    """One row per (tenant, deletion, place, mark); the deletions ``keys`` are due from now."""
+    async with conn.cursor() as cursor:
+        if places:
+            await cursor.executemany(
+                "INSERT INTO deletion_purges (tenant_id, deletion_id, place, mark, due_at)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [(t, d, place, Jsonb(dict(mark)), now) for t, d, place, mark in places],
+            )
+        await cursor.executemany(
+            "UPDATE deletion_requests SET purge_due_at = %s"
+            " WHERE tenant_id = %s AND deletion_id = %s AND purge_due_at IS NULL",
+            [(now, *key) for key in keys],
+        )
+
+
+async def due_purges(
+    conn: Conn, place: str, limit: int = 500
+) -> list[tuple[Tombstone, dict[str, Any]]]:
+    """The deletions not purged yet at ``place``, oldest first: tombstone and mark."""
+    cursor = await conn.execute(
+        "SELECT r.tombstone, p.mark FROM deletion_purges p"
+        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE p.place = %s AND p.purged_at IS NULL ORDER BY p.due_at LIMIT %s",
+        (place, limit),
+    )
+    return [(Tombstone.model_validate(row[0]), dict(row[1])) for row in await cursor.fetchall()]
+
+
+async def mark_purged(conn: Conn, place: str, keys: Iterable[RequestKey], now: datetime) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "UPDATE deletion_purges SET purged_at = %s WHERE tenant_id = %s"
+            " AND deletion_id = %s AND place = %s AND purged_at IS NULL",
+            [(now, *key, place) for key in sorted(keys)],
+        )
+
+
+async def finish_purged(conn: Conn, now: datetime) -> list[RequestKey]:
+    """Every due deletion whose places are all purged is purged now; returns them."""
+    cursor = await conn.execute(
+        "UPDATE deletion_requests r SET purged_at = %s"
+        " WHERE r.purge_due_at IS NOT NULL AND r.purged_at IS NULL AND NOT EXISTS"
+        " (SELECT 1 FROM deletion_purges p WHERE p.tenant_id = r.tenant_id"
+        " AND p.deletion_id = r.deletion_id AND p.purged_at IS NULL)"
+        " RETURNING r.tenant_id, r.deletion_id",
+        (now,),
+    )
+    return sorted((row[0], row[1]) for row in await cursor.fetchall())
+
+
+async def purge_times(
+    conn: Conn, keys: Iterable[RequestKey]
+) -> dict[RequestKey, tuple[datetime | None, dict[str, datetime]]]:
+    """Per deletion: when it was purged, and when each of its places was."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    keys_param = keyset_param(wanted)
+    cursor = await conn.execute(
+        "SELECT r.tenant_id, r.deletion_id, r.purged_at, p.place, p.purged_at"
+        " FROM deletion_requests r"
+        f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)"
+        " LEFT JOIN deletion_purges p USING (tenant_id, deletion_id)",
+        (keys_param,),
+    )
+    times: dict[RequestKey, tuple[datetime | None, dict[str, datetime]]] = {}
+    for tenant, deletion, purged_at, place, place_purged_at in await cursor.fetchall():
+        _, places = times.setdefault((tenant, deletion), (purged_at, {}))
+        if place is not None and place_purged_at is not None:
+            places[place] = place_purged_at
+    return times

@@ -17,7 +17,7 @@ async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[s
         await cursor.execute(
             "SELECT tenant_id, deletion_id, kind, target_type, target_id, subject_type, reason,"
             " cut_off, recorded_at, deadline_at, required_stores, status, completed_at,"
-            " verification, verified_at FROM deletion_requests"
+            " verification, verified_at, purged_at FROM deletion_requests"
             " WHERE tenant_id = %s AND deletion_id = %s",
             (tenant_id, deletion_id),
         )
@@ -37,13 +37,26 @@ async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[s
             (tenant_id, deletion_id),
         )
         items = {row["item_type"]: row["n"] for row in await cursor.fetchall()}
+        await cursor.execute(
+            "SELECT place, due_at, purged_at FROM deletion_purges"
+            " WHERE tenant_id = %s AND deletion_id = %s ORDER BY place",
+            (tenant_id, deletion_id),
+        )
+        purge = {row.pop("place"): row for row in await cursor.fetchall()}
     requested = request["cut_off"]
     for state in stores.values():
         if state["acked_at"] is not None:
             state["seconds_to_ack"] = (state["acked_at"] - requested).total_seconds()
+    for place, state in purge.items():
+        if state["purged_at"] is not None:
+            state["seconds_to_purge"] = (state["purged_at"] - requested).total_seconds()
+        if place in stores:
+            stores[place]["purged_at"] = state["purged_at"]
     if request["completed_at"] is not None:
         request["seconds_to_complete"] = (request["completed_at"] - requested).total_seconds()
-    return {**request, "items": items, "stores": stores}
+    if request["purged_at"] is not None:
+        request["seconds_to_purge"] = (request["purged_at"] - requested).total_seconds()
+    return {**request, "items": items, "stores": stores, "purge": purge}
 
 
 async def tenants_of(conn: Conn, deletion_id: str) -> list[str]:
@@ -112,5 +125,25 @@ async def pending_by_store(conn: Conn, now: datetime) -> dict[str, PendingDeleti
     )
     return {
         row[0]: PendingDeletions(int(row[1]), max(0.0, (now - row[2]).total_seconds()), int(row[3]))
+        for row in await cursor.fetchall()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Unpurged:
+    count: int
+    oldest_seconds: float
+
+
+async def unpurged_by_place(conn: Conn, now: datetime) -> dict[str, Unpurged]:
+    """Per place a copy can remain: completed deletions not purged there yet, and the age of
+    the oldest (since its request)."""
+    cursor = await conn.execute(
+        "SELECT p.place, count(*), min(r.cut_off) FROM deletion_purges p"
+        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE p.purged_at IS NULL GROUP BY p.place"
+    )
+    return {
+        row[0]: Unpurged(int(row[1]), max(0.0, (now - row[2]).total_seconds()))
         for row in await cursor.fetchall()
     }

@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.deletion.erasure import ErasureIndex
+from projections.deletion.purge import PurgeCheck, PurgedAtAck
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.probes import ProbeSealer
 from topics.deletion import TargetType, Tombstone
@@ -103,6 +104,11 @@ class DerivedStore(ABC):
     @abstractmethod
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
         """For the verification probe: what of the erased target a reader can still get."""
+
+    def purge_check(self) -> PurgeCheck:
+        """When no copy of an acknowledged deletion is left in the store (its ``purged``
+        milestone). By default at the acknowledgement: the store keeps nothing it removed."""
+        return PurgedAtAck(self.name)
 
     async def expire_copies(self, now: datetime, grace: timedelta) -> list[str]:
         """Drop the copies the store keeps for rebuilds once older than ``grace``; their

@@ -13,6 +13,8 @@ from projections.deletion import store as deletion_store
 from projections.deletion.coverage import keys_of
 from projections.deletion.derived import erased_by, erased_by_each, first_claims, match_of
 from projections.deletion.erasure import ErasureIndex
+from projections.deletion.ledger import RequestKey
+from projections.deletion.purge import DuePurge, Mark, PurgeCheck
 from projections.embeddings.vectors import (
     EntryRef,
     Match,
@@ -120,6 +122,20 @@ class EmbeddingsStore(DerivedStore):
                         left[n].append(f"{label}{versions} old table versions")
         return [Erased(count, reachable) for count, reachable in zip(removed, left, strict=True)]
 
+    def purge_check(self) -> PurgeCheck:
+        return VersionsCleaned(self)
+
+    async def kept_in_history(self, tombstone: Tombstone) -> list[str]:
+        """What of the tombstone's target an old version of any table (live or rebuild)
+        still holds: removed entries stay in the data files of the versions before the
+        removal until they are cleaned up."""
+        match = match_of(tombstone)
+        found: list[str] = []
+        for label, vectors in await asyncio.to_thread(self._tables):
+            kept = await asyncio.to_thread(vectors.history_find, match)
+            found += [f"{label}version {v}:{e.id}" for v, e in kept if erased_by(tombstone, [e])]
+        return found
+
     async def expire_copies(self, now: datetime, grace: timedelta) -> list[str]:
         if self._shadows is None:
             return []
@@ -226,3 +242,27 @@ def _match(tenant: str, index: ErasureIndex) -> Match:
         # conversations, and separately.
         subject=(subjects[0][2], subjects[0][3]) if subjects else None,
     )
+
+
+class VersionsCleaned:
+    """The embeddings store's place: purged when no kept version of its tables holds the
+    target. Its acknowledgement comes after the compaction and cleanup of old versions, so
+    this normally holds at once; a version that still holds the target (written by a copy
+    behind memproj's back, say) keeps the deletion unpurged until a later erasure's cleanup
+    removes it."""
+
+    def __init__(self, store: EmbeddingsStore) -> None:
+        self._store = store
+
+    @property
+    def place(self) -> str:
+        return self._store.name
+
+    def applies(self, deletion: DuePurge) -> bool:
+        return self._store.name in deletion.stores
+
+    async def mark(self) -> Mark:
+        return {}
+
+    async def purged(self, due: Sequence[DuePurge]) -> set[RequestKey]:
+        return {d.key for d in due if not await self._store.kept_in_history(d.tombstone)}

@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn
 from projections.deletion import coverage
 from projections.deletion.erasure import ErasureIndex
+from projections.deletion.purge import PurgeCheck, TablesVacuumed, live_tables, of_stores
 from projections.stores.base import CONVERSATION_TARGETS, DerivedStore, Erased, StoreResources
 from topics.deletion import Tombstone
 
@@ -26,6 +27,14 @@ class ConversationTableStore(DerivedStore):
     @classmethod
     def open(cls, resources: StoreResources) -> ConversationTableStore:
         return cls(resources.pool)
+
+    def purge_check(self) -> PurgeCheck:
+        """The removed rows are dead tuples until the table is vacuumed past them."""
+
+        async def tables(conn: Conn) -> list[sql.Composable]:
+            return await live_tables(conn, [self.table.table])
+
+        return TablesVacuumed(self.name, self._pool, tables, of_stores(self.name))
 
     def _of(self, tombstone: Tombstone, select: str) -> tuple[sql.Composed, dict[str, object]]:
         return self.table.of_deletion(select), coverage.tombstone_params(tombstone)

@@ -33,6 +33,9 @@ REDACTED = "<marker>"
 
 class PlaceKind(StrEnum):
     TABLE = "table"
+    # A table's dead tuples (deleted or superseded rows a vacuum has not removed yet), read
+    # with the pg_dirtyread extension.
+    DEAD_TUPLES = "dead_tuples"
     TOPIC = "topic"
     REDIS = "redis"
     FILE = "file"

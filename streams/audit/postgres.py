@@ -1,10 +1,17 @@
-"""The plaintext audit of PostgreSQL: every row, every column, of every memproj schema.
+"""The plaintext audit of PostgreSQL: every row, every column, of every memproj schema, and
+every dead tuple.
 
 memproj's schemas are the live one (the DSN's current schema), the rebuild shadows
 (``replay_*``) and retired tables (``retired_*``) of ``streams/replay.py``, those registered
 in the live ``rebuild_schemas``, and any other schema holding memproj's migration table. Each
 table is read in one pass (one sequential scan) inside one read-only snapshot; a table that
 holds the marker is read again for a few of its primary keys (or ctids), never its content.
+
+Then each table is read again through the ``pg_dirtyread`` extension, which returns every
+tuple still on its pages, deleted and superseded ones included, until a vacuum removes them:
+the tuples the snapshot does not see are the dead ones. Without the extension (or without the
+superuser right it needs) the audit reports that it could not look at dead tuples: an
+incomplete look.
 """
 
 from __future__ import annotations
@@ -24,10 +31,15 @@ REBUILD_PREFIXES = ("replay_", "retired_")
 _SKIPPED_TYPE_CATEGORIES = ("N", "B", "D", "T")
 
 
+DIRTYREAD = "pg_dirtyread"
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     name: str
     is_bytes: bool
+    # Its SQL type (format_type), for pg_dirtyread's column definition list.
+    type: str = "text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +95,7 @@ async def _registered_rebuilds(conn: Conn, live: str | None) -> set[str]:
 async def table_shapes(conn: Conn, schemas: Sequence[str]) -> list[TableShape]:
     cursor = await conn.execute(
         "SELECT n.nspname, c.relname, a.attname, t.typname = 'bytea',"
-        " coalesce(a.attnum = ANY (i.indkey), false)"
+        " coalesce(a.attnum = ANY (i.indkey), false), format_type(a.atttypid, a.atttypmod)"
         " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
         " JOIN pg_type t ON t.oid = a.atttypid"
@@ -94,9 +106,9 @@ async def table_shapes(conn: Conn, schemas: Sequence[str]) -> list[TableShape]:
         (list(schemas), list(_SKIPPED_TYPE_CATEGORIES)),
     )
     shapes: dict[tuple[str, str], tuple[list[Column], list[str]]] = {}
-    for schema, table, column, is_bytes, in_key in await cursor.fetchall():
+    for schema, table, column, is_bytes, in_key, type_name in await cursor.fetchall():
         columns, key = shapes.setdefault((schema, table), ([], []))
-        columns.append(Column(column, bool(is_bytes)))
+        columns.append(Column(column, bool(is_bytes), str(type_name)))
         if in_key:
             key.append(column)
     return [
@@ -145,18 +157,93 @@ async def scan_table(conn: Conn, shape: TableShape, matcher: Matcher, report: Re
     if not row[1]:
         return
     columns = tuple(column.name for column, hits in zip(searched, row[2:], strict=True) if hits)
-    ids = (
-        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in shape.primary_key)
-        if shape.primary_key
-        else sql.SQL("ctid::text")
-    )
     cursor = await conn.execute(
-        sql.SQL("SELECT {} FROM {} WHERE {} LIMIT 5").format(ids, relation, where)
+        sql.SQL("SELECT {} FROM {} WHERE {} LIMIT 5").format(_ids(shape), relation, where)
     )
-    examples = [_example(shape, values) for values in await cursor.fetchall()]
-    report.add(Hit(PlaceKind.TABLE, shape.name, examples[0], columns), count=int(row[1]))
+    _report(report, PlaceKind.TABLE, shape, columns, int(row[1]), await cursor.fetchall())
+
+
+def _ids(shape: TableShape) -> sql.Composable:
+    if not shape.primary_key:
+        return sql.SQL("ctid::text")
+    return sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(c)) for c in shape.primary_key
+    )
+
+
+def _report(
+    report: Report,
+    kind: PlaceKind,
+    shape: TableShape,
+    columns: tuple[str, ...],
+    count: int,
+    rows: Sequence[Sequence[object]],
+) -> None:
+    examples = [_example(shape, values) for values in rows]
+    report.add(Hit(kind, shape.name, examples[0], columns), count=count)
     for example in examples[1:]:
-        report.add(Hit(PlaceKind.TABLE, shape.name, example, columns), count=0)
+        report.add(Hit(kind, shape.name, example, columns), count=0)
+
+
+async def dirtyread_schema(conn: Conn) -> str | None:
+    """The schema the extension's function is in (called by its qualified name: the live
+    schema's search path need not hold it); None when it is not installed."""
+    cursor = await conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = %s",
+        (DIRTYREAD,),
+    )
+    row = await cursor.fetchone()
+    return str(row[0]) if row else None
+
+
+async def scan_dead_tuples(
+    conn: Conn, shape: TableShape, matcher: Matcher, report: Report, dirtyread: str
+) -> None:
+    """The table's tuples that the snapshot does not see (deleted, superseded, or left by an
+    aborted insert) and that hold the marker: what a vacuum has not removed yet."""
+    searched = [column for column in shape.columns if column.name not in shape.primary_key]
+    searched += [column for column in shape.columns if column.name in shape.primary_key]
+    if not searched:
+        return
+    conditions = [_column_condition(column, matcher) for column in searched]
+    definitions = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(column.name), sql.SQL(column.type))
+        for column in searched
+    )
+    dead = sql.SQL(
+        "{function}({relation}::regclass) AS t(ctid tid, {definitions})"
+        " WHERE NOT EXISTS (SELECT 1 FROM {table} l WHERE l.ctid = t.ctid)"
+    ).format(
+        function=sql.Identifier(dirtyread, DIRTYREAD),
+        relation=sql.Literal(f"{_quoted(shape.schema)}.{_quoted(shape.table)}"),
+        definitions=definitions,
+        table=sql.Identifier(shape.schema, shape.table),
+    )
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {})").format(condition) for condition in conditions
+    )
+    where = sql.SQL(" OR ").join(conditions)
+    cursor = await conn.execute(
+        sql.SQL("SELECT count(*), count(*) FILTER (WHERE {}), {} FROM {}").format(
+            where, counts, dead
+        )
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    report.source("postgres").items += int(row[0])
+    if not row[1]:
+        return
+    columns = tuple(column.name for column, hits in zip(searched, row[2:], strict=True) if hits)
+    ids = sql.SQL("t.ctid::text") if not shape.primary_key else _ids(shape)
+    cursor = await conn.execute(
+        sql.SQL("SELECT {} FROM {} AND ({}) LIMIT 5").format(ids, dead, where)
+    )
+    _report(report, PlaceKind.DEAD_TUPLES, shape, columns, int(row[1]), await cursor.fetchall())
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _example(shape: TableShape, values: Sequence[object]) -> str:
@@ -175,14 +262,25 @@ async def scan_postgres(
     started = time.monotonic()
     scanned = report.source("postgres")
     schemas = list(only) or await memproj_schemas(conn)
+    dirtyread = await dirtyread_schema(conn)
+    if dirtyread is None:
+        report.error(
+            "dead tuples",
+            f"could not look at dead tuples: the {DIRTYREAD} extension is not installed in"
+            " this database (CREATE EXTENSION pg_dirtyread, as a superuser)",
+        )
     for shape in await table_shapes(conn, schemas):
         try:
             async with conn.transaction():  # a savepoint: one failing table spoils no other
                 await scan_table(conn, shape, matcher, report)
+                if dirtyread is not None:
+                    await scan_dead_tuples(conn, shape, matcher, report, dirtyread)
         except (errors.UndefinedTable, errors.InvalidSchemaName):
             # Dropped since the catalog was read (a rebuild copy past its grace period, a
             # shadow abandoned): nothing is readable there any more, so nothing to report.
             continue
+        except errors.InsufficientPrivilege as error:
+            report.error(f"table {shape.name}", f"could not look at dead tuples: {error}")
         except Exception as error:  # reported; the audit goes on
             report.error(f"table {shape.name}", error)
         scanned.places += 1

@@ -128,7 +128,8 @@ def deletion() -> None:
 def deletion_status(
     ctx: click.Context, deletion_id: str, tenant: str | None, wait_seconds: float, as_json: bool
 ) -> None:
-    """Per-store state, timings and verification of one deletion."""
+    """Per-store state, timings, verification and purge (no copy left anywhere) of one
+    deletion."""
 
     async def load(conn: Conn) -> list[dict[str, Any]]:
         deadline = time.monotonic() + wait_seconds
@@ -161,6 +162,7 @@ def deletion_status(
                 f" attempts={state['attempts']} redeliveries={state['redeliveries']}"
                 + (f" error={state['error']}" if state["error"] else "")
             )
+        click.echo("  purge: " + _purge_line(detail))
         verification = detail["verification"]
         click.echo(
             "  verification: "
@@ -172,6 +174,17 @@ def deletion_status(
                 else f"FOUND {verification['found']}"
             )
         )
+
+
+def _purge_line(detail: dict[str, Any]) -> str:
+    """``purged after Ns``, or which places still hold a copy (``completed`` is not gone)."""
+    if "seconds_to_purge" in detail:
+        return f"purged after {detail['seconds_to_purge']:.1f}s (no copy left anywhere)"
+    places = detail["purge"]
+    if not places:
+        return "not checked yet (checked once the deletion is completed)"
+    waiting = sorted(place for place, state in places.items() if state["purged_at"] is None)
+    return "waiting for " + ", ".join(waiting)
 
 
 @deletion.command("list")

@@ -110,11 +110,13 @@ def test_the_exit_status() -> None:
 
 
 def _audit(
-    env: Any, marker: str, *schemas: str, stdin: str | None = None
+    env: Any, marker: str, *schemas: str, stdin: str | None = None, source: str | None = None
 ) -> tuple[int, dict[str, Any]]:
     arguments = ["audit", "plaintext", marker, "--json"]
     for schema in schemas:
         arguments += ["--schema", schema]
+    if source is not None:
+        arguments += ["--source", source]
     environment = env.settings.as_environment()
     result = CliRunner().invoke(cli, arguments, env=environment, input=stdin)
     assert result.exit_code in (0, 1), result.output
@@ -346,3 +348,55 @@ def test_a_table_dropped_during_the_audit_is_skipped_not_an_error(
 
 async def _async_value(value: Any) -> Any:
     return value
+
+
+@pytest.mark.integration
+def test_dead_tuples_are_read_until_a_vacuum_removes_them(env: Any) -> None:
+    """A deleted row and a row's superseded version stay on the table's pages until a vacuum:
+    the audit reads them there (pg_dirtyread), and not once they are vacuumed."""
+    marker = f"dead-{uuid.uuid4().hex}"
+    _plant_tables(env, marker, f"replay_memory_{env.schema}")
+    with env.connect() as conn:
+        conn.execute("DELETE FROM outbox")
+        conn.execute("UPDATE memories SET value = '{\"likes\": \"tea\"}' WHERE memory_id = 'm1'")
+    status, found = _audit(env, marker, env.schema, source="postgres")
+    assert status == 1 and found["errors"] == [], found
+    places = _places(found)
+    assert ("table", f"{env.schema}.memories") not in places  # the live row holds no marker
+    dead = places[("dead_tuples", f"{env.schema}.memories")]
+    assert (dead["count"], dead["found_in"], dead["examples"]) == (
+        1,
+        ["value"],
+        ["tenant_id=acme, memory_id=m1"],
+    )
+    assert places[("dead_tuples", f"{env.schema}.outbox")]["found_in"] == ["value"]
+
+    with env.connect() as conn:
+        conn.autocommit = True
+        conn.execute("VACUUM (FREEZE, INDEX_CLEANUP ON) memories, outbox")
+    status, found = _audit(env, marker, env.schema, source="postgres")
+    assert (status, found["findings"], found["errors"]) == (0, [], []), found
+
+
+@pytest.mark.integration
+def test_without_pg_dirtyread_the_audit_says_it_could_not_look_at_dead_tuples(env: Any) -> None:
+    """A database without the extension: an incomplete look, exit 2."""
+    database = f"nodirty_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {database}")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(env.settings.postgres_dsn, dbname=database)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.schema_migrations (version integer PRIMARY KEY)")
+        environment = {**env.settings.as_environment(), "MEMPROJ_POSTGRES_DSN": dsn}
+        result = CliRunner().invoke(
+            cli,
+            ["audit", "plaintext", "--json", "--source", "postgres", f"m-{uuid.uuid4().hex}"],
+            env=environment,
+        )
+        assert result.exit_code == 2, result.output
+        errors = orjson.loads(result.output)["errors"]
+        assert any("could not look at dead tuples" in error for error in errors), errors
+    finally:
+        with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")

@@ -6,6 +6,17 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+from click.testing import CliRunner
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+from conftest import settings_environment
+
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import queries as ledger
@@ -14,6 +25,8 @@ from projections.embeddings.vectors import Match
 from projections.memory.store import RecallQuery
 from projections.stores import DerivedStore, open_all
 from streams import reads
+from streams.cli import cli
+from streams.kafka import admin_config
 from streams.sample import EventFactory
 from streams.services import StoreSupplies, make_pool
 from support.embedders import embedder_of, vectors_of
@@ -158,3 +171,22 @@ def stores_of(env: Any) -> list[DerivedStore]:
     """Every registered derived store, opened on this test's settings (read-only use: the
     pool they are given is never opened)."""
     return open_all(StoreSupplies(env.settings, make_pool(env.settings.postgres_dsn, 1)))
+
+
+def compact_quickly(bootstrap: str, topic: str) -> None:
+    admin = AdminClient(admin_config(bootstrap))
+    entries = [
+        ConfigEntry(name, "1000", incremental_operation=AlterConfigOpType.SET)
+        for name in ("segment.ms", "max.compaction.lag.ms")
+    ]
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def audit(env: Any, marker: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(
+        cli, ["audit", "plaintext", "--json", marker], env=settings_environment(env.settings)
+    )
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, orjson.loads(result.output)

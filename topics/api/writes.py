@@ -68,6 +68,15 @@ class StoreProgress(_Body):
     last_redelivered_at: datetime | None
     error: str | None
     seconds_to_ack: float | None = None
+    purged_at: datetime | None = Field(
+        None, description="when no copy was left in the store (null: not purged yet)"
+    )
+
+
+class PlacePurge(_Body):
+    due_at: datetime = Field(description="when the deletion was completed (the check began)")
+    purged_at: datetime | None = Field(description="when no copy was left here")
+    seconds_to_purge: float | None = None
 
 
 class DeletionProgress(_Body):
@@ -92,6 +101,17 @@ class DeletionProgress(_Body):
     verified_at: datetime | None
     items: dict[str, int] = Field(description="per item type, how many the deletion covers")
     stores: dict[str, StoreProgress]
+    purged_at: datetime | None = Field(
+        None,
+        description="when no copy was left anywhere memproj writes (every place of purge); "
+        "null until then",
+    )
+    seconds_to_purge: float | None = None
+    purge: dict[str, PlacePurge] = Field(
+        default_factory=dict,
+        description="per place a copy can remain after completion (the stores, "
+        "memory.current, raw_input, postgres, rebuild_copies): when it was purged",
+    )
 
 
 def _event_union(models: Sequence[type[Envelope]]) -> Any:
