@@ -85,8 +85,8 @@ async def hydrate(
             reason = "erased" if erased else "deleted"
         elif record.tenant_id != tenant_id:
             reason = "other_tenant"
-        elif record.status == "revoked":
-            reason = "revoked"
+        elif not record.servable:
+            reason = record.status
         elif version is not None and version != record.version:
             reason = "superseded"
         elif not record.is_eligible(now):

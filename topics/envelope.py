@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Protocol, Self, TypeVar, cast, get_args
 
@@ -52,6 +53,39 @@ class Subject(Wire):
 class Source(Wire):
     type: Identifier
     ref: Reference
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The conversation a ``message`` source points into (``source_conversation``)."""
+        return source_conversation(self.type, self.ref)
+
+
+# A ``message`` source's ref is ``<conversation_id>/<message_id>``. The conversation id is
+# written with ``%`` as ``%25`` and ``/`` as ``%2F`` (``message_ref``), as output keys escape
+# their tenant part: the ref is cut at its first ``/``, so a conversation id with ``/`` is
+# addressable, and a message id may hold ``/`` as it is. Ids without either character are
+# written as they are. ``projections/migrations`` generates the same rule in SQL
+# (``memproj_source_conversation``), and a test holds the two to each other.
+def message_ref(conversation_id: str, message_id: str) -> str:
+    """The ``ref`` of a ``message`` source that points at this message."""
+    escaped = conversation_id.replace("%", "%25").replace("/", "%2F")
+    return f"{escaped}/{message_id}"
+
+
+def source_conversation(source_type: str, source_ref: str) -> str | None:
+    """The conversation a source points into: a ``message`` source's ref, up to its first
+    ``/``, unescaped (``message_ref``); None for any other source."""
+    if source_type != "message" or "/" not in source_ref:
+        return None
+    escaped = source_ref.split("/", 1)[0]
+    if not escaped:
+        return None
+    if "%" not in escaped:
+        return escaped
+    return _ESCAPE.sub(lambda escape: "%" if escape.group(1) == "25" else "/", escaped)
+
+
+_ESCAPE = re.compile(r"%(2[Ff]|25)")
 
 
 class EventLike(Protocol):

@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 from topics.envelope import EventLike, Frozen, Identifier, Source, Subject, Timestamp
 
-MemoryStatus = Literal["proposed", "verified", "revoked"]
+# ``erased`` is the projection's own: a version whose content an erasure covered (it was taken
+# from an erased conversation) while the memory itself was not erased. It keeps the memory's
+# place in its history, so that a later correction from elsewhere still applies, and is never
+# served or published (``memory.current`` has a null for it, as for a revocation).
+MemoryStatus = Literal["proposed", "verified", "revoked", "erased"]
+# What recall, search, the context view, the cache and the vector store may serve.
+ELIGIBLE_STATUSES: tuple[MemoryStatus, ...] = ("verified", "proposed")
 # What a dead letter keeps of the original value and key: with base64's growth by a third and
 # the other fields, it stays well under MESSAGE_MAX_BYTES.
 ORIGINAL_MAX_BYTES = 512 * 1024
@@ -36,11 +42,15 @@ class MemoryRecord(Frozen):
     last_event_id: Identifier
     revoked_reason: str | None = None
 
+    @property
+    def servable(self) -> bool:
+        """Whether its status lets any read path serve it (expiry aside)."""
+        return self.status in ELIGIBLE_STATUSES
+
     def is_eligible(self, now: datetime) -> bool:
-        """Recall may return it: not revoked and not expired (expiry is judged at read time)."""
-        if self.status == "revoked":
-            return False
-        return self.expires_at is None or self.expires_at > now
+        """Recall may return it: of an eligible status and not expired (expiry is judged at
+        read time)."""
+        return self.servable and (self.expires_at is None or self.expires_at > now)
 
 
 class RejectionReason(StrEnum):

@@ -1,14 +1,29 @@
 """The read audit (``api_read_audit``): every read's policy decision, by ids, and its
 retention. Nothing here is ever given content: a row names the key, purpose, route, subject
-and the ids returned and filtered."""
+and the ids returned and filtered. What a read was about is personal data about whom it was
+about: an erasure deletes the rows that name what it erases (``erase``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from projections.access.policy import ReadDecision
 from projections.bookkeeping import Conn
+
+
+def subject_read(subject_type: str, subject_id: str) -> str:
+    """What a row names when a read was about a subject's memories."""
+    return f"{subject_type}:{subject_id}"
+
+
+def memory_read(memory_id: str) -> str:
+    return f"memory:{memory_id}"
+
+
+def conversation_read(conversation_id: str) -> str:
+    return f"conversation:{conversation_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,4 +60,14 @@ async def record(conn: Conn, entry: AuditEntry) -> None:
 async def trim(conn: Conn, now: datetime, retention: timedelta) -> int:
     """Delete the rows older than the retention; how many."""
     cursor = await conn.execute("DELETE FROM api_read_audit WHERE at < %s", (now - retention,))
+    return cursor.rowcount
+
+
+async def erase(conn: Conn, tenant_id: str, about: Sequence[str]) -> int:
+    """Delete the rows of reads about ``about`` (``subject_read``, ``memory_read``,
+    ``conversation_read``); how many."""
+    cursor = await conn.execute(
+        "DELETE FROM api_read_audit WHERE tenant_id = %s AND subject = ANY(%s)",
+        (tenant_id, list(about)),
+    )
     return cursor.rowcount

@@ -26,6 +26,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from topics.envelope import source_conversation
+
 Subject = tuple[str, str]
 
 READ_BATCH = 500
@@ -95,16 +97,16 @@ def as_subject(value: Any) -> Subject | None:
 
 
 def source_conversations(record: Mapping[str, Any]) -> set[str]:
-    """The conversations a memory may have come from: a "message" source's ref is
-    "{conversation_id}/{message_id}". Either id may itself contain '/', so every split counts:
-    invalidating one conversation too many is harmless, missing one leaves a ghost."""
+    """The conversation a memory came from, if its source points into one
+    (``topics.envelope.source_conversation``)."""
     source = record.get("source")
-    if not isinstance(source, Mapping) or source.get("type") != "message":
+    if not isinstance(source, Mapping):
         return set()
-    ref = source.get("ref")
-    if not isinstance(ref, str):
+    source_type, ref = source.get("type"), source.get("ref")
+    if not isinstance(source_type, str) or not isinstance(ref, str):
         return set()
-    return {ref[:index] for index, char in enumerate(ref) if char == "/" and index > 0}
+    conversation = source_conversation(source_type, ref)
+    return set() if conversation is None else {conversation}
 
 
 def _as_list(value: Any) -> list[Any]:

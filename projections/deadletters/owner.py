@@ -17,9 +17,9 @@ from projections.deletion.erasure import (
     EntityKey,
     conversation_key,
     memory_key,
-    source_conversation,
     subject_key,
 )
+from topics.envelope import source_conversation
 
 # Contract identifiers are at most 128 characters; anything longer names no owner.
 _ID_MAX_CHARS = 128

@@ -27,13 +27,6 @@ def memory_key(tenant_id: str, memory_id: str) -> EntityKey:
     return (tenant_id, "memory", "", memory_id)
 
 
-def source_conversation(source_type: str, source_ref: str) -> str | None:
-    """The conversation a memory's source points into ("<conversation_id>/<message_id>")."""
-    if source_type != "message" or "/" not in source_ref:
-        return None
-    return source_ref.split("/", 1)[0]
-
-
 @dataclass(frozen=True, slots=True)
 class Erasure:
     deletion_id: str

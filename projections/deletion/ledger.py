@@ -143,13 +143,15 @@ def plan_revocation(
     event: MemoryRevoked, record: MemoryRecord, default_deadline: timedelta
 ) -> LedgerEntry:
     """A revoked memory leaves every derived store the way a deletion does; its authoritative
-    row and history stay (further events on it are refused as ``revoked``)."""
+    row and history stay (further events on it are refused as ``revoked``). The revocation's
+    own reason is free text from its producer: it stays with the memory's row and sealed on
+    the sealed log, never in the ledger, which outlives an erasure."""
     return LedgerEntry(
         tenant_id=event.tenant_id,
         deletion_id=revocation_id(event.tenant_id, event.event_id),
         kind="revocation",
         target=DeletionTarget(type="memory", id=record.memory_id),
-        reason=f"revoked: {event.payload.reason}",
+        reason="revoked",
         cut_off=event.occurred_at,
         deadline_at=event.occurred_at + default_deadline,
         required_stores=required_stores("memory"),

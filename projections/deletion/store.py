@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from projections import rebuilds
+from projections.access import audit as read_audit
 from projections.bookkeeping import (
     Conn,
     copy_new_rows,
@@ -337,6 +338,12 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
     await letter_key_store.shred_dead_letters(
         conn, tenant, subject, memories, conversations, entry.deletion_id
     )
+    # What was read about the erased subject, memories and conversations, and by whom.
+    reads_about = [read_audit.memory_read(m) for m in memories]
+    reads_about += [read_audit.conversation_read(c) for c in conversations]
+    if subject is not None:
+        reads_about.append(read_audit.subject_read(subject.type, subject.id))
+    await read_audit.erase(conn, tenant, reads_about)
     # The erased memories' values still waiting in any outbox are never published: the
     # ledger's null is the last record of their keys on memory.current (bookkeeping).
     await remove_pending_messages(conn, MEMORY_CURRENT.base_name, tenant, memories)

@@ -13,6 +13,7 @@ from projections import rebuilds
 from projections.bookkeeping import Conn
 from projections.deletion import coverage, lifecycle
 from projections.stores.base import DerivedStore
+from topics.outputs import ELIGIBLE_STATUSES
 
 # What the authoritative projections still hold of an erased target, table by table.
 _PROJECTION_CHECKS = {
@@ -24,7 +25,8 @@ _PROJECTION_CHECKS = {
 # A revocation keeps the revoked row and its history; only recall must not return it.
 _RECALLABLE = (
     "SELECT count(*) FROM memories WHERE tenant_id = %(tenant_id)s"
-    " AND memory_id = ANY(%(memories)s) AND status <> 'revoked'"
+    " AND memory_id = ANY(%(memories)s)"
+    f" AND status IN ({', '.join(repr(status) for status in ELIGIBLE_STATUSES)})"
 )
 
 

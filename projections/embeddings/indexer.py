@@ -21,7 +21,6 @@ from projections.deletion.erasure import (
     ErasureIndex,
     conversation_key,
     memory_key,
-    source_conversation,
     subject_key,
 )
 from projections.embeddings.embedder import Embedder, memory_text, message_text
@@ -32,7 +31,7 @@ from projections.embeddings.vectors import (
     message_entry_id,
 )
 from topics.envelope import Subject
-from topics.outputs import MemoryRecord, Rejection, RejectionReason
+from topics.outputs import ELIGIBLE_STATUSES, MemoryRecord, Rejection, RejectionReason
 
 MessageKey = tuple[str, str, str]  # (tenant_id, conversation_id, message_id)
 
@@ -85,7 +84,7 @@ def erasure_keys(update: IndexUpdate) -> list[EntityKey]:
     record = update.record
     if record is not None:
         keys.append(subject_key(update.tenant_id, record.subject.type, record.subject.id))
-        conversation = source_conversation(record.source.type, record.source.ref)
+        conversation = record.source.conversation_id
         if conversation is not None:
             keys.append(conversation_key(update.tenant_id, conversation))
     return keys
@@ -152,11 +151,12 @@ def _plan_memory(
         plan.removals.append(removal)
         return
     current = held.memories.get((update.tenant_id, update.memory_id))
-    if current is None or current[1] == "revoked" or current[0] != record.version:
-        # Not (or no longer) what the projection holds: a later update, a revocation or an
-        # erasure decides this entry, not this one.
+    servable = current is not None and current[1] in ELIGIBLE_STATUSES
+    if not servable or current is None or current[0] != record.version:
+        # Not (or no longer) what the projection holds: a later update, a revocation, a
+        # status no read serves or an erasure decides this entry, not this one.
         plan.stale += 1
-        if current is None or current[1] == "revoked":
+        if not servable:
             plan.upserts.pop(entry_id, None)
             plan.removals.append(removal)
         return
@@ -167,7 +167,7 @@ def _plan_memory(
         subject_type=record.subject.type,
         subject_id=record.subject.id,
         memory_id=record.memory_id,
-        conversation_id=source_conversation(record.source.type, record.source.ref),
+        conversation_id=record.source.conversation_id,
         message_id=None,
         source_type=record.source.type,
         source_ref=record.source.ref,

@@ -123,13 +123,14 @@ class MemoryProjection:
         await shred_refused(conn, "memory", outcome.keys_to_shred)
 
     def outputs(self, outcome: BatchResult) -> list[OutboxMessage]:
-        """``memory.current`` gets each changed record once, as the batch left it; a revoked
-        memory is gone from recall, so its key gets a null value (compaction removes it)."""
+        """``memory.current`` gets each changed record once, as the batch left it; a memory no
+        read path may serve (revoked, or its content erased) gets a null value (compaction
+        removes what was there)."""
         return [
             OutboxMessage(
                 self._current_topic,
                 entity_key(*key).encode(),
-                None if record.status == "revoked" else encode(record),
+                encode(record) if record.servable else None,
                 entity_headers(*key),
             )
             for key, record in outcome.records.items()

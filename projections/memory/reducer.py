@@ -20,7 +20,6 @@ from projections.deletion.erasure import (
     ErasureIndex,
     conversation_key,
     memory_key,
-    source_conversation,
     subject_key,
 )
 from projections.deletion.ledger import LedgerEntry, plan_revocation
@@ -98,9 +97,8 @@ def _check_existing(
     if current is None:
         return _refuse(event, RejectionReason.UNKNOWN_MEMORY, "no such memory")
     if current.status == "revoked":
-        return _refuse(
-            event, RejectionReason.REVOKED, f"memory was revoked: {current.revoked_reason}"
-        )
+        # Not the revocation's reason: free text, and rejections outlive an erasure.
+        return _refuse(event, RejectionReason.REVOKED, "memory was revoked")
     if expected_version is not None and expected_version != current.version:
         return _refuse(
             event,
@@ -224,10 +222,9 @@ class BatchResult:
     shredded: int = 0
     # Memories refused as erased, by the deletion that covers them: the sealer may have given
     # them a data key (it cannot know every subject an event is about), and the deletion did
-    # not know them, so their keys are destroyed with this batch. Only a memory the projection
-    # does not hold, or one the erasure covers through its own current record (its memory
-    # key, current subject or current source's conversation): a live memory refused only
-    # because the event would move its source into an erased conversation keeps its key.
+    # not know them, so their keys are destroyed with this batch. Only when the erasure covers
+    # the memory itself (its id or its subject): a version taken from an erased conversation
+    # is closed by that conversation's key, and the memory keeps its own.
     keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
     # Credentials masked out of memory values before they were stored, by kind.
     redactions: Redactions = field(default_factory=Counter)
@@ -237,8 +234,21 @@ class BatchResult:
 
 
 def erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> Iterator[EntityKey]:
-    """Everything whose erasure covers this event: the memory, its subject, and the
-    conversation its source (or its new source) points into."""
+    """Everything whose erasure may cover this event: the memory and its subject
+    (``memory_erasure_keys``), and the conversation its source, or the memory's current source,
+    points into (``source_erasure_key``)."""
+    yield from memory_erasure_keys(event, current)
+    sources = [current.source] if current is not None else []
+    if isinstance(event, MemoryProposed | MemoryCorrected):
+        sources.append(event.payload.source)
+    for source in sources:
+        conversation = source.conversation_id
+        if conversation is not None:
+            yield conversation_key(event.tenant_id, conversation)
+
+
+def memory_erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> Iterator[EntityKey]:
+    """What an erasure of the whole memory names: the memory itself, or its subject."""
     tenant = event.tenant_id
     yield memory_key(tenant, event.memory_id)
     subject = event.payload.subject if isinstance(event, MemoryProposed) else None
@@ -246,24 +256,27 @@ def erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> Iterator[E
         subject = current.subject
     if subject is not None:
         yield subject_key(tenant, subject.type, subject.id)
-    sources = [current.source] if current is not None else []
+
+
+def source_erasure_key(event: MemoryEvent, current: MemoryRecord | None) -> EntityKey | None:
+    """The conversation the version this event makes is taken from: the event's own source
+    (a proposal or a correction), else the memory's current one."""
     if isinstance(event, MemoryProposed | MemoryCorrected):
-        sources.append(event.payload.source)
-    for source in sources:
-        conversation = source_conversation(source.type, source.ref)
-        if conversation is not None:
-            yield conversation_key(tenant, conversation)
+        source = event.payload.source
+    elif current is not None:
+        source = current.source
+    else:
+        return None
+    conversation = source.conversation_id
+    return None if conversation is None else conversation_key(event.tenant_id, conversation)
 
 
-def current_erasure_keys(record: MemoryRecord) -> Iterator[EntityKey]:
-    """Everything whose erasure covers the memory as the projection holds it: the memory, its
-    subject and the conversation its current source points into."""
-    tenant = record.tenant_id
-    yield memory_key(tenant, record.memory_id)
-    yield subject_key(tenant, record.subject.type, record.subject.id)
-    conversation = source_conversation(record.source.type, record.source.ref)
-    if conversation is not None:
-        yield conversation_key(tenant, conversation)
+def _erased_version(version: MemoryVersion) -> MemoryRecord:
+    """A version whose content an erasure covered: its place in the memory's history (version,
+    times, source, subject) without its value, never served (status ``erased``)."""
+    return version.record.model_copy(
+        update={"status": "erased", "value": {}, "revoked_reason": None, "verification": None}
+    )
 
 
 def _redacted(event: MemoryEvent, found: Redactions) -> MemoryEvent:
@@ -307,23 +320,30 @@ def reduce_batch(
                 ).rejection
             )
             continue
-        erasure = erasures.covering(erasure_keys(event, current), event.occurred_at)
-        if erasure is not None:
-            # A live memory keeps its data key unless the erasure covers the memory itself;
-            # the event is refused as erased either way.
-            covering_itself = (
-                erasure
-                if current is None
-                else erasures.covering(current_erasure_keys(current), event.occurred_at)
+        whole = erasures.covering(memory_erasure_keys(event, current), event.occurred_at)
+        if whole is not None:
+            # The erasure covers the memory itself: its data key goes too (the sealer may have
+            # made one for this event, not knowing every subject an event is about).
+            result.keys_to_shred[key] = whole.deletion_id
+            result.rejections.append(
+                _refuse(event, RejectionReason.ERASED, whole.describe(), current).rejection
             )
-            if covering_itself is not None:
-                result.keys_to_shred[key] = covering_itself.deletion_id
+            continue
+        source_key = source_erasure_key(event, current)
+        taken_from_erased = (
+            None if source_key is None else erasures.covering([source_key], event.occurred_at)
+        )
+        if taken_from_erased is not None:
+            # The version's content came from an erased conversation, the memory is not erased:
+            # the version keeps its place in the history without its content (so that a later
+            # correction from elsewhere applies, live and in a rebuild alike) and is refused as
+            # erased. Its value was sealed under that conversation's key too, now destroyed.
+            decision = evolve(event, current)
+            if isinstance(decision, Applied):
+                result.records[key] = _erased_version(decision.version)
             result.rejections.append(
                 _refuse(
-                    event,
-                    RejectionReason.ERASED,
-                    erasure.describe(),
-                    current,
+                    event, RejectionReason.ERASED, taken_from_erased.describe(), current
                 ).rejection
             )
             continue

@@ -13,7 +13,7 @@ from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import (
     EntityRef,
     Shredded,
-    entity_of,
+    sealing_keys,
     unseal,
     with_placeholders,
 )
@@ -35,18 +35,17 @@ class SealedCodec:
     async def load_keys(self, conn: Conn, values: Iterable[bytes | None]) -> None:
         """The data keys of a batch, read in the batch's transaction: a key destroyed by a
         deletion that committed before is gone for this batch too."""
-        refs = []
+        refs: list[EntityRef] = []
         self._parsed = {}
         for value in values:
             if not value:
                 continue
             try:
                 raw = self._parsed[value] = orjson.loads(value)
-                ref = entity_of(raw) if isinstance(raw, dict) and "payload" in raw else None
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+                if isinstance(raw, dict) and "payload" in raw:
+                    refs.extend(sealing_keys(raw))
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
                 continue  # decoding says what is wrong with it, as a dead letter
-            if ref is not None:
-                refs.append(ref)
         self._keys = await self._keystore.keys(conn, refs)
         # Entities that have a key again after an erasure destroyed their first: what was
         # sealed under the destroyed key is shredded, though the new key does not open it.
@@ -71,7 +70,7 @@ class SealedCodec:
         except Shredded:
             return self._shredded(key, raw)
         except Unreadable as exc:
-            if self._rekeyed and _entity(raw) in self._rekeyed:
+            if self._rekeyed and not self._rekeyed.isdisjoint(_sealing_keys(raw)):
                 return self._shredded(key, raw)
             raise InvalidMessage(DeadLetterReason.UNREADABLE_SEAL, str(exc)) from exc
         except (KeyError, TypeError) as exc:
@@ -83,8 +82,8 @@ class SealedCodec:
         return self._inner.decode(key, orjson.dumps(with_placeholders(raw))).unreadable_copy()
 
 
-def _entity(raw: dict[str, Any]) -> EntityRef | None:
+def _sealing_keys(raw: dict[str, Any]) -> tuple[EntityRef, ...]:
     try:
-        return entity_of(raw)
-    except (KeyError, TypeError):
-        return None
+        return sealing_keys(raw)
+    except (KeyError, TypeError, AttributeError):
+        return ()

@@ -5,22 +5,32 @@ fields its producer omitted still omitted, with its personal fields removed from
 and replaced by ``payload.sealed``:
 ``{"v": 2, "entity": "<type>:<id>", "fields": "<base64 AES-GCM of their JSON>"}``.
 
-The associated data of format 2 is the whole sealed event but the ciphertext (``sealed_event_
-associated``): editing anything of a sealed event (its tenant, subject, times, event type,
-schema version, ids, other payload fields) makes its fields fail to open, and it is dead-
-lettered as ``unreadable_seal``. Events sealed before format 2 carry no ``v``: they still open,
-with the event id alone as associated data, so only moving their ciphertext to another event is
-detected, not an edit of their other fields.
+The associated data of formats 2 and 3 is the whole sealed event but the ciphertext
+(``sealed_event_associated``): editing anything of a sealed event (its tenant, subject, times,
+event type, schema version, ids, source, other payload fields) makes its fields fail to open,
+and it is dead-lettered as ``unreadable_seal``. Events sealed before format 2 carry no ``v``:
+they still open, with the event id alone as associated data, so only moving their ciphertext to
+another event is detected, not an edit of their other fields.
+
+Which keys seal an event (``sealing_keys``): the entity's data key, and for a memory value whose
+source points into a conversation (a proposal or a correction), that conversation's key too,
+combined (format 3). A memory's versions taken from different conversations are then each
+readable only while both their memory and their conversation are: erasing the conversation
+(or the subject who owns it) shreds its key, and every version taken from it closes, while the
+memory's other versions, and its own key, stay as they are. Format 2 events are sealed under
+the entity's key alone (every event of an entity with one key, and every event sealed before
+format 3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
-from projections.sealing.crypto import Unreadable, open_fields, seal_fields
+from projections.sealing.crypto import Unreadable, derive_key, open_fields, seal_fields
+from topics.envelope import source_conversation
 
 
 class Shredded(Unreadable):
@@ -31,23 +41,36 @@ class Shredded(Unreadable):
 PERSONAL_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "memory.proposed": ("memory", ("value",)),
     "memory.corrected": ("memory", ("value",)),
+    # A revocation's reason is free text from its producer: personal until proven otherwise.
+    "memory.revoked": ("memory", ("reason",)),
     "conversation.message_added": ("conversation", ("content",)),
     "conversation.summary_updated": ("conversation", ("text",)),
 }
+# Event types whose personal fields the sealer once wrote in plaintext: such an event on the
+# sealed log is read as it is (a revocation's reason was not sealed at first).
+PLAINTEXT_BEFORE: frozenset[str] = frozenset({"memory.revoked"})
+# Event types whose value may be taken from a conversation: sealed under the memory's key and
+# the key of the conversation its source points into (format 3).
+SOURCED_VALUES: frozenset[str] = frozenset({"memory.proposed", "memory.corrected"})
 ENTITY_FIELD = {"memory": "memory_id", "conversation": "conversation_id"}
 # What stands in for personal fields that can no longer be opened: enough for the event to
 # decode (its ids and times still matter), never applied.
 PLACEHOLDERS: dict[str, dict[str, Any]] = {
     "memory.proposed": {"value": {}},
     "memory.corrected": {"value": {}},
+    "memory.revoked": {"reason": "[unreadable]"},
     "conversation.message_added": {"content": []},
     "conversation.summary_updated": {"text": "[unreadable]"},
 }
 
 EntityRef = tuple[str, str, str]  # (tenant_id, entity type, entity id)
 
-# ``payload.sealed.v`` of what the sealer writes now; events without ``v`` are format 1.
+# ``payload.sealed.v`` of what the sealer writes now: 2 under one key, 3 under two; events
+# without ``v`` are format 1.
 SEAL_FORMAT = 2
+SEAL_FORMAT_SOURCED = 3
+# What combines a memory's key and its source conversation's key into the key of a value.
+_SOURCED_PURPOSE = b"memproj/sealed-fields/memory-value-from-conversation/v3"
 
 
 def entity_of(event: dict[str, Any]) -> EntityRef | None:
@@ -69,18 +92,68 @@ def entity_of_event(event_type: str, tenant_id: str, entity_id: str) -> EntityRe
     return None if spec is None else (tenant_id, spec[0], entity_id)
 
 
+def sealing_keys(event: dict[str, Any]) -> tuple[EntityRef, ...]:
+    """The data keys whose combination seals this event's personal fields (none when it
+    carries nothing personal): its entity's, then, for a memory value whose source points into
+    a conversation, that conversation's."""
+    ref = entity_of(event)
+    if ref is None:
+        return ()
+    source = event["payload"].get("source")
+    if event["event_type"] not in SOURCED_VALUES or not isinstance(source, dict):
+        return (ref,)
+    source_type, source_ref = source.get("type"), source.get("ref")
+    if not (isinstance(source_type, str) and isinstance(source_ref, str)):
+        return (ref,)  # not an event of the contract: decoding says why
+    return sealing_keys_of_event(
+        ref, event["event_type"], source_conversation(source_type, source_ref)
+    )
+
+
+def sealing_keys_of_event(
+    ref: EntityRef, event_type: str, conversation_id: str | None
+) -> tuple[EntityRef, ...]:
+    """``sealing_keys`` from an event's identity and the conversation its source points into."""
+    if event_type not in SOURCED_VALUES or conversation_id is None:
+        return (ref,)
+    return (ref, (ref[0], "conversation", conversation_id))
+
+
+def combined_key(refs: Sequence[EntityRef], key_of: Callable[[EntityRef], bytes | None]) -> bytes:
+    """The key that seals fields under every key of ``refs``: one key as it is, two derived
+    together, so that destroying either closes the fields. Raises ``Shredded`` when one of the
+    keys no longer exists."""
+    keys = []
+    for ref in refs:
+        data_key = key_of(ref)
+        if data_key is None:
+            raise Shredded(f"the key of {entity_name(ref)} no longer exists")
+        keys.append(data_key)
+    if len(keys) == 1:
+        return keys[0]
+    return derive_key(b"".join(keys), _SOURCED_PURPOSE)
+
+
 def entity_name(ref: EntityRef) -> str:
     return f"{ref[0]}:{ref[1]}:{ref[2]}"
 
 
-def seal(event: dict[str, Any], data_key: bytes) -> dict[str, Any]:
-    ref = entity_of(event)
-    if ref is None:
+def seal(
+    event: dict[str, Any], keys: bytes | Callable[[EntityRef], bytes | None]
+) -> dict[str, Any]:
+    """``event`` with its personal fields sealed under the keys of ``sealing_keys``: each given
+    by ``keys``, or ``keys`` itself for each."""
+    refs = sealing_keys(event)
+    if not refs:
         return event
+    ref = refs[0]
+    key_of = keys if callable(keys) else lambda _ref: keys
+    data_key = combined_key(refs, key_of)
     _, names = PERSONAL_FIELDS[event["event_type"]]
     payload = dict(event["payload"])
     personal = {name: payload.pop(name) for name in names if name in payload}
-    marker = {"v": SEAL_FORMAT, "entity": f"{ref[1]}:{ref[2]}"}
+    version = SEAL_FORMAT if len(refs) == 1 else SEAL_FORMAT_SOURCED
+    marker = {"v": version, "entity": f"{ref[1]}:{ref[2]}"}
     payload["sealed"] = marker
     sealed = {**event, "payload": payload}
     # ``sealed_event_associated(sealed)``, without its copies: there are no fields to leave
@@ -105,7 +178,7 @@ def _associated(event: dict[str, Any], sealed: dict[str, Any]) -> bytes:
     if version is None:
         # Format 1 (sealed before format 2): bound to the event id only.
         return str(event["event_id"]).encode()
-    if version == SEAL_FORMAT and type(version) is int:
+    if version in (SEAL_FORMAT, SEAL_FORMAT_SOURCED) and type(version) is int:
         return sealed_event_associated(event)
     raise Unreadable(f"unknown seal format {version!r}")
 
@@ -131,9 +204,11 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     payload = event.get("payload")
     if not isinstance(payload, dict):
         return event  # decoding says why, as a dead letter
-    personal = PERSONAL_FIELDS.get(str(event.get("event_type")))
+    event_type = str(event.get("event_type"))
+    personal = PERSONAL_FIELDS.get(event_type)
     if "sealed" not in payload:
-        if personal is not None and any(name in payload for name in personal[1]):
+        plaintext = personal is not None and any(name in payload for name in personal[1])
+        if plaintext and event_type not in PLAINTEXT_BEFORE:
             raise Unreadable("personal fields in plaintext: not written by the sealer")
         return event
     if personal is None:
@@ -147,10 +222,13 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
         raise Unreadable("the event_id is not a string")
     if payload["sealed"].get("erased"):
         raise Shredded(f"{entity_name(ref)} was erased before this event was sealed")
-    data_key = key_of(ref)
-    if data_key is None:
-        raise Shredded(f"the key of {entity_name(ref)} no longer exists")
     sealed = payload["sealed"]
+    # Format 3 is sealed under the keys ``sealing_keys`` names; every earlier format under the
+    # entity's key alone.
+    refs = sealing_keys(event) if sealed.get("v") == SEAL_FORMAT_SOURCED else (ref,)
+    if len(refs) != (2 if sealed.get("v") == SEAL_FORMAT_SOURCED else 1):
+        raise Unreadable("a format 3 seal on an event whose value has no conversation source")
+    data_key = combined_key(refs, key_of)
     if not isinstance(sealed.get("fields"), str):
         raise Unreadable("the sealed fields are not a string")
     opened = open_fields(data_key, sealed["fields"], _associated(event, sealed))

@@ -29,11 +29,12 @@ from projections.sealing.fields import (
     entity_of_event,
     seal,
     seal_erased,
+    sealing_keys_of_event,
     with_placeholders,
 )
 from projections.sealing.keys import KeyStore
 from topics.codec import EventCodec
-from topics.envelope import Envelope
+from topics.envelope import Envelope, Source
 from topics.messages import InputMessage
 from topics.outputs import Rejection
 from topics.registry import (
@@ -127,15 +128,11 @@ class Sealer:
         tenant locks, and a key is created for each entity that has none. Otherwise nothing is
         written: such an entity gets a key in ``proposed``, which ``confirm`` stores once the
         caller holds the locks, if no erasure of these entities was recorded meanwhile."""
-        refs = [(event, ref) for event in events if (ref := _entity(event)) is not None]
-        read = await deletion_store.read_erasures(conn, (_erasure_key(r) for _, r in refs))
+        read = await deletion_store.read_erasures(
+            conn, (_erasure_key(ref) for event in events for ref in event_sealing_keys(event))
+        )
         erasures = read.index
-        # Keys only for what is not erased: an erased event's fields are never written at all.
-        wanted = [
-            ref
-            for event, ref in refs
-            if erasures.covering([_erasure_key(ref)], event.occurred_at) is None
-        ]
+        wanted = keys_needed(events, erasures)
         if locked:
             return SealingState(await self._keys.keys(conn, wanted, create=True), erasures, read)
         found = await self._keys.keys(conn, wanted)
@@ -171,20 +168,20 @@ class Sealer:
             # they are read as written (null removes the expiry), which is what memproj did
             # with both when they were applied, so replaying them rebuilds the same records.
             serializer = event.__pydantic_serializer__
-            ref = _entity(event)
-            if ref is None:
+            keys = event_sealing_keys(event)
+            if not keys:
                 # Nothing to seal: the event's JSON as it is (scalars and ids only: the same
                 # JSON orjson writes of the dump below), without a dict in between.
                 value = serializer.to_json(event, exclude_unset=True)
             else:
                 # (``model_dump(mode="json", exclude_unset=True)``, without its Python wrapper.)
                 raw = serializer.to_python(event, mode="json", exclude_unset=True)
-                if state.erasures.covering([_erasure_key(ref)], event.occurred_at):
+                if state.erasures.covering(map(_erasure_key, keys), event.occurred_at):
                     sealed.erased += 1
                     sealed.erased_at.append(index)
                     raw = seal_erased(raw)
                 else:
-                    raw = seal(raw, state.keys[ref])
+                    raw = seal(raw, state.keys.get)
                 value = orjson.dumps(raw)
             topic = f"{self._topics.prefix}{_raw_topic(event)}.sealed"
             key = f"{event.tenant_id}:{event.entity_id}".encode()
@@ -193,7 +190,7 @@ class Sealer:
 
     def seals(self, event: Envelope) -> bool:
         """Whether ``event`` has personal fields, sealed with its entity's data key."""
-        return _entity(event) is not None
+        return bool(event_sealing_keys(event))
 
     def as_read_from_the_log(self, message: OutboxMessage) -> Envelope:
         """An event sealed as erased, as every reader of the sealed log decodes it
@@ -213,8 +210,26 @@ class Sealer:
         """Nothing sealer-specific to report."""
 
 
-def _entity(event: Envelope) -> EntityRef | None:
-    return entity_of_event(event.event_type, event.tenant_id, event.entity_id)
+def keys_needed(events: Sequence[Envelope], erasures: ErasureIndex) -> list[EntityRef]:
+    """The data keys that seal ``events``: only for what is not erased, since an erased
+    event's fields are never written at all."""
+    return [
+        ref
+        for event in events
+        if (keys := event_sealing_keys(event))
+        and erasures.covering(map(_erasure_key, keys), event.occurred_at) is None
+        for ref in keys
+    ]
+
+
+def event_sealing_keys(event: Envelope) -> tuple[EntityRef, ...]:
+    """``fields.sealing_keys`` of a validated event."""
+    ref = entity_of_event(event.event_type, event.tenant_id, event.entity_id)
+    if ref is None:
+        return ()
+    source = getattr(event.payload, "source", None)
+    conversation = source.conversation_id if isinstance(source, Source) else None
+    return sealing_keys_of_event(ref, event.event_type, conversation)
 
 
 def _raw_topic(event: Envelope) -> str:

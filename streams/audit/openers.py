@@ -25,7 +25,7 @@ from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
 from projections.sealing.crypto import Unreadable
-from projections.sealing.fields import EntityRef, entity_of, unseal
+from projections.sealing.fields import EntityRef, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from streams.audit.plaintext import TopicKind, TopicRecord, parse_json
 from topics.outputs import DeadLetter
@@ -66,18 +66,18 @@ class SealedEventOpener:
 
     async def prepare(self, records: Sequence[TopicRecord]) -> None:
         self._parsed = {}
-        refs = []
+        refs: list[EntityRef] = []
         for record in records:
             event = parse_json(record.value) if record.value else None
             if not isinstance(event, dict) or not isinstance(event.get("payload"), dict):
                 continue
             try:
-                ref = entity_of(event)
-            except (KeyError, TypeError):
+                keys = sealing_keys(event)
+            except (KeyError, TypeError, AttributeError):
                 continue
-            if ref is not None and "sealed" in event["payload"]:
+            if keys and "sealed" in event["payload"]:
                 self._parsed[(record.partition, record.offset)] = event
-                refs.append(ref)
+                refs.extend(keys)
         # Read in the audit's snapshot transaction (a key shredded before it began is gone),
         # so a key read once holds for the whole scan: each is read and unwrapped once.
         wanted = {ref for ref in refs if ref not in self._keys and ref not in self._missing}

@@ -145,7 +145,13 @@ def test_the_guard_refuses_events_up_to_the_cut_off_and_accepts_new_data() -> No
         ("m9", RejectionReason.ERASED),
         ("m8", RejectionReason.ERASED),
     ]
-    assert list(result.records) == [("t1", "m1")]  # new data after the cut-off
+    # m8 is not erased itself, only its content: its version keeps its place, never served.
+    assert {key: r.status for key, r in result.records.items()} == {
+        ("t1", "m8"): "erased",
+        ("t1", "m1"): "proposed",  # new data after the cut-off
+    }
+    assert result.versions[-1].record.memory_id == "m1" and len(result.versions) == 1
+    assert result.keys_to_shred == {("t1", "m1"): "d1", ("t1", "m9"): "d1"}
 
 
 def test_an_empty_index_reads_no_keys_and_a_lazy_one_stops_at_the_first_match() -> None:

@@ -301,7 +301,7 @@ def bob_and_a_late_correction_into_c1() -> tuple[dict[MemoryKey, MemoryRecord], 
     return reduce_batch([proposed], {}, {}).records, late
 
 
-def test_a_live_memory_refused_for_a_new_source_in_an_erased_conversation_keeps_its_key() -> None:
+def test_a_late_correction_from_an_erased_conversation_keeps_its_place_without_content() -> None:
     records, late = bob_and_a_late_correction_into_c1()
     # Alice's conversation c1 is erased after the correction occurred.
     cut_off = late.occurred_at + timedelta(seconds=1)
@@ -310,18 +310,44 @@ def test_a_live_memory_refused_for_a_new_source_in_an_erased_conversation_keeps_
     result = reduce_batch([late], records, {}, erasures)
 
     assert [(r.entity_id, r.reason) for r in result.rejections] == [("m4", RejectionReason.ERASED)]
-    assert result.keys_to_shred == {}  # Bob's m4 is live and not erased: a rebuild keeps it
-    assert result.records == {}
+    # Bob's m4 is not erased, only this version's content: its key stays (its other versions
+    # open), the version keeps its place in the history without a value and is never served.
+    assert result.keys_to_shred == {}
+    erased = result.records[("t1", "m4")]
+    assert (erased.status, erased.version, erased.value, erased.servable) == (
+        "erased",
+        2,
+        {},
+        False,
+    )
+    assert result.versions == []  # no history row: the erasure deleted what it covers
 
 
-def test_a_refused_event_shreds_the_key_when_the_erasure_covers_the_current_record() -> None:
+def test_a_correction_from_elsewhere_applies_after_a_version_whose_content_was_erased() -> None:
+    f = EventFactory()
+    first, second = decode(
+        f.proposed("t1", "m5", ("user", "bob"), {"text": "from c1"}, source=("message", "c1/a")),
+        f.corrected("t1", "m5", 1, {"text": "from c2"}, source=("message", "c2/b")),
+    )
+    cut_off = second.occurred_at + timedelta(seconds=1)
+    erasures = ErasureIndex({conversation_key("t1", "c1"): Erasure("d1", cut_off)})
+
+    result = reduce_batch([first, second], {}, {}, erasures)
+
+    # What the live projection holds after c1's erasure, which deleted version 1's history
+    # row: version 2, taken from c2, and no key destroyed.
+    record = result.records[("t1", "m5")]
+    assert (record.version, record.value, record.status) == (2, {"text": "from c2"}, "proposed")
+    assert [v.record.version for v in result.versions] == [2]
+    assert result.keys_to_shred == {}
+
+
+def test_a_refused_event_shreds_the_key_when_the_erasure_covers_the_memory_itself() -> None:
     records, late = bob_and_a_late_correction_into_c1()
     cut_off = late.occurred_at + timedelta(seconds=1)
-    for covering in (
-        memory_key("t1", "m4"),
-        subject_key("t1", "user", "bob"),
-        conversation_key("t1", "c2"),  # its current source
-    ):
+    # The memory itself (its id, its subject): an erasure of its current source conversation
+    # alone closes only the versions taken from it.
+    for covering in (memory_key("t1", "m4"), subject_key("t1", "user", "bob")):
         erasures = ErasureIndex(
             {conversation_key("t1", "c1"): Erasure("d1", cut_off), covering: Erasure("d2", cut_off)}
         )

@@ -13,15 +13,21 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from projections.deletion.erasure import Erasure, ErasureIndex, memory_key, subject_key
+from projections.deletion.erasure import (
+    Erasure,
+    ErasureIndex,
+    conversation_key,
+    memory_key,
+    subject_key,
+)
 from projections.memory.projection import MemoryProjection, MemoryState
 from projections.memory.reducer import BatchResult, reduce_batch
 from projections.sealing.codec import SealedCodec
 from projections.sealing.crypto import new_data_key
-from projections.sealing.fields import EntityRef, entity_of_event
+from projections.sealing.fields import EntityRef
 from projections.sealing.fused import FusedState, SealingProjection
 from projections.sealing.keys import KeyStore
-from projections.sealing.sealer import Sealer, SealingState
+from projections.sealing.sealer import Sealer, SealingState, keys_needed
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage
 from topics.registry import MEMORY_EVENTS, TopicNames
@@ -32,6 +38,7 @@ TOPICS = TopicNames()
 START = datetime(2026, 9, 1, tzinfo=UTC)
 MEMORIES = ("m1", "m2", "m3")
 SUBJECTS = ("alice", "bob")
+CONVERSATIONS = ("c1", "c2")
 
 
 def fused() -> SealingProjection[Any, Any, Any]:
@@ -51,15 +58,17 @@ step = st.one_of(
         st.sampled_from(MEMORIES),
         st.sampled_from(SUBJECTS),
         st.integers(min_value=1, max_value=3),
+        st.sampled_from(CONVERSATIONS),
     ),
     st.tuples(st.just("duplicate"), st.integers(min_value=0, max_value=30)),
     st.tuples(st.just("reused"), st.integers(min_value=0, max_value=30)),
     st.just(("invalid",)),
 )
-# Erasures: of a memory or of a subject, with a cut-off some seconds into the stream.
+# Erasures: of a memory, a subject or a conversation, with a cut-off some seconds into the
+# stream.
 erasure = st.tuples(
-    st.sampled_from(("memory", "subject")),
-    st.sampled_from(MEMORIES + SUBJECTS),
+    st.sampled_from(("memory", "subject", "conversation")),
+    st.sampled_from(MEMORIES + SUBJECTS + CONVERSATIONS),
     st.integers(min_value=0, max_value=40),
 )
 
@@ -79,13 +88,14 @@ def messages(steps: list[tuple[Any, ...]]) -> list[tuple[bytes | None, bytes | N
             if kind == "reused":
                 raw["actor"]["id"] = "someone_else"
         else:
-            memory, subject, version = args
+            memory, subject, version, conversation = args
+            source = ("message", f"{conversation}/msg")
             if kind == "proposed":
-                raw = f.proposed("t1", memory, ("user", subject))
+                raw = f.proposed("t1", memory, ("user", subject), source=source)
             elif kind == "verified":
                 raw = f.verified("t1", memory, version)
             elif kind == "corrected":
-                raw = f.corrected("t1", memory, version, {"text": "new"})
+                raw = f.corrected("t1", memory, version, {"text": "new"}, source=source)
             else:
                 raw = f.revoked("t1", memory, expected_version=version)
         raws.append(raw)
@@ -100,6 +110,8 @@ def erasure_index(erasures: list[tuple[str, str, int]]) -> ErasureIndex:
             key = memory_key("t1", name)
         elif kind == "subject" and name in SUBJECTS:
             key = subject_key("t1", "user", name)
+        elif kind == "conversation" and name in CONVERSATIONS:
+            key = conversation_key("t1", name)
         else:
             continue
         entries[key] = Erasure(f"d-{kind}-{name}", START + timedelta(seconds=seconds))
@@ -150,13 +162,7 @@ def test_the_fused_stage_decides_what_a_replay_of_its_sealed_log_decides(
         except InvalidMessage:
             continue
     # The keys the sealer's load finds or creates: for what its erasure check does not cover.
-    refs = {
-        ref
-        for e in events
-        if (ref := entity_of_event(e.event_type, e.tenant_id, e.entity_id)) is not None
-        and index.covering([memory_key(ref[0], ref[2])], e.occurred_at) is None
-    }
-    keys = {ref: new_data_key() for ref in refs}
+    keys = {ref: new_data_key() for ref in keys_needed(events, index)}
     state = FusedState(SealingState(keys, index), MemoryState({}, index))
     live = stage.reduce(events, state, {})
     sealed = stage.outputs(live)[: len(events)]
@@ -168,7 +174,7 @@ def test_the_fused_stage_decides_what_a_replay_of_its_sealed_log_decides(
     left = {
         ref: key
         for ref, key in keys.items()
-        if (ref[0], ref[2]) not in live.projection.keys_to_shred
+        if ref[1] != "memory" or (ref[0], ref[2]) not in live.projection.keys_to_shred
     }
     codec = SealedCodec(
         EventCodec(SCHEMAS, frozenset(t for t in SCHEMAS.event_types() if "memory." in t)),

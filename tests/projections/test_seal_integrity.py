@@ -24,6 +24,7 @@ from projections.sealing.crypto import (
 )
 from projections.sealing.fields import (
     SEAL_FORMAT,
+    SEAL_FORMAT_SOURCED,
     EntityRef,
     entity_name,
     seal,
@@ -143,7 +144,8 @@ _EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "a removed field": lambda e: e["payload"].pop("observed_at"),
     "sealed.entity": lambda e: e["payload"]["sealed"].update(entity="memory:m2"),
     "sealed.v removed": lambda e: e["payload"]["sealed"].pop("v"),
-    "sealed.v unknown": lambda e: e["payload"]["sealed"].update(v=3),
+    "sealed.v unknown": lambda e: e["payload"]["sealed"].update(v=4),
+    "sealed.v under one key": lambda e: e["payload"]["sealed"].update(v=2),
     "sealed.v as text": lambda e: e["payload"]["sealed"].update(v="2"),
     "sealed.v as bool": lambda e: e["payload"]["sealed"].update(v=True),
 }
@@ -152,7 +154,8 @@ _EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
 @pytest.mark.parametrize("edit", sorted(_EDITS))
 def test_an_edit_of_any_bound_field_makes_the_seal_fail_to_open(edit: str) -> None:
     sealed = through_the_log(seal(EventFactory().proposed("t1", "m1", value={"x": 1.5}), KEY))
-    assert sealed["payload"]["sealed"]["v"] == SEAL_FORMAT
+    # The factory's source is a message: sealed under the memory's and the conversation's key.
+    assert sealed["payload"]["sealed"]["v"] == SEAL_FORMAT_SOURCED
     assert unseal(through_the_log(sealed), any_key)["payload"]["value"] == {"x": 1.5}
     _EDITS[edit](sealed)
     with pytest.raises(Unreadable):

@@ -31,7 +31,7 @@ from projections.sealing.fields import (
     unseal,
 )
 from projections.sealing.keys import KeyStore
-from projections.sealing.sealer import Sealer, SealingState
+from projections.sealing.sealer import Sealer, SealingState, event_sealing_keys
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
@@ -117,7 +117,8 @@ def test_the_sealer_writes_nothing_readable_of_an_erased_entity() -> None:
         }
     )
     key = new_data_key()
-    out = sealer.reduce([late, fresh], SealingState({("t1", "memory", "m2"): key}, erasures), {})
+    keys = {ref: key for ref in event_sealing_keys(fresh)}
+    out = sealer.reduce([late, fresh], SealingState(keys, erasures), {})
     assert out.erased == 1
     first, second = (orjson.loads(m.value or b"") for m in out.messages)
     assert first["payload"]["sealed"] == {"entity": "memory:m1", "erased": True}
@@ -209,11 +210,7 @@ def _through_the_sealed_log(raws: list[dict], schemas: SchemaRegistry | None = N
     data_key = new_data_key()
     sealer = Sealer(schemas, TopicNames(), None, 65536)  # type: ignore[arg-type]
     events = [sealer.codec.decode(*to_message(raw)) for raw in raws]
-    keys = {
-        ref: data_key
-        for e in events
-        if (ref := entity_of_event(e.event_type, e.tenant_id, e.entity_id))
-    }
+    keys = {ref: data_key for e in events for ref in event_sealing_keys(e)}
     sealed = sealer.reduce(events, SealingState(keys, ErasureIndex({})), {}).messages
     codec = SealedCodec(EventCodec(schemas, memory_types), Keys())  # type: ignore[arg-type]
     asyncio.run(codec.load_keys(None, [m.value for m in sealed]))  # type: ignore[arg-type]
@@ -250,7 +247,7 @@ def test_the_sealed_log_keeps_omissions_but_not_personal_fields() -> None:
     schemas = default_schemas()
     sealer = Sealer(schemas, TopicNames(), None, 65536)  # type: ignore[arg-type]
     event = sealer.codec.decode(*to_message(raw))
-    state = SealingState({("t1", "memory", "m1"): new_data_key()}, ErasureIndex({}))
+    state = SealingState(dict.fromkeys(event_sealing_keys(event), new_data_key()), ErasureIndex({}))
     (message,) = sealer.reduce([event], state, {}).messages
     payload = orjson.loads(message.value or b"")["payload"]
     assert "expires_at" not in payload and "verification" not in payload

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from conftest import stop_all
 from pydantic import SecretStr
 
-from projections.sealing.fields import Shredded, entity_of, unseal
+from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from streams.cli import cli
@@ -87,11 +87,11 @@ def open_sealed_log(env: Any, settings: Settings) -> tuple[int, int]:
     unwrapped by ``settings``' master keys only."""
     keys = KeyStore(settings.worker_master_keys())
     events = [raw for spec in (MEMORY_SEALED, CONVERSATION_SEALED) for _, raw in env.read(spec)]
-    refs = [ref for raw in events if raw and (ref := entity_of(raw))]
+    refs = [ref for raw in events if raw for ref in sealing_keys(raw)]
     available = env.run(lambda conn: keys.keys(conn, refs))
     opened = shredded = 0
     for raw in events:
-        if not raw or entity_of(raw) is None:
+        if not raw or not sealing_keys(raw):
             continue
         try:
             unseal(raw, available.get)

@@ -21,7 +21,7 @@ from redis import Redis
 
 from projections.embeddings.vectors import VectorEntry
 from projections.sealing.crypto import parse_master_key
-from projections.sealing.fields import seal
+from projections.sealing.fields import EntityRef, seal, sealing_keys
 from projections.sealing.keys import KeyStore, shred
 from streams.audit.plaintext import (
     Hit,
@@ -189,15 +189,14 @@ def _plant_sealed(env: Any, marker: str) -> tuple[str, str, str]:
     """A memory.proposed sealed with its real data key, on the sealed topic."""
     keys = KeyStore(parse_master_key(env.settings.master_key))
     ref = ("acme", "memory", "m7")
-
-    async def key_of(conn: psycopg.AsyncConnection[Any]) -> bytes:
-        found = await keys.keys(conn, [ref], create=True)
-        await conn.commit()
-        return found[ref]
-
-    data_key = env.run(key_of)
     event = EventFactory().proposed("acme", "m7", value={"secret": marker})
-    sealed = orjson.dumps(seal(event, data_key))
+
+    async def keys_of(conn: psycopg.AsyncConnection[Any]) -> dict[EntityRef, bytes]:
+        found = await keys.keys(conn, sealing_keys(event), create=True)
+        await conn.commit()
+        return found
+
+    sealed = orjson.dumps(seal(event, env.run(keys_of).get))
     assert marker.encode() not in sealed
     _produce(env, env.topic(MEMORY_SEALED), b"acme:m7", sealed)
     return ref

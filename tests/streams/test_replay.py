@@ -20,7 +20,7 @@ from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult
 from projections.memory.store import RecallQuery
 from projections.sealing.crypto import Unreadable, parse_master_key
-from projections.sealing.fields import Shredded, entity_of, unseal
+from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from streams.cli import cli
 from streams.metrics import Metrics
@@ -224,11 +224,11 @@ def test_after_an_erasure_nothing_of_the_subject_survives_a_replay_or_the_sealed
 
     async def all_keys() -> dict[Any, bytes]:
         async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
-            refs = []
+            refs: list[Any] = []
             for spec in (MEMORY_SEALED, CONVERSATION_SEALED):
                 for _, raw in env.read(spec):
-                    if raw and (ref := entity_of(raw)):
-                        refs.append(ref)
+                    if raw:
+                        refs.extend(sealing_keys(raw))
             return await keys.keys(conn, refs)
 
     available = asyncio.run(all_keys())
@@ -236,7 +236,7 @@ def test_after_an_erasure_nothing_of_the_subject_survives_a_replay_or_the_sealed
     for spec in (MEMORY_SEALED, CONVERSATION_SEALED):
         for _, raw in env.read(spec):
             assert b"ALICE-SECRET" not in orjson.dumps(raw)
-            if entity_of(raw) is None:
+            if not sealing_keys(raw):
                 continue
             try:
                 opened.append(orjson.dumps(unseal(raw, available.get)))

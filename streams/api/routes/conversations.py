@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from projections.access import audit
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, check_conversations
 from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
@@ -49,7 +50,7 @@ async def get_conversation(
         returned += [f"summary:{s.summary_version}" for s in detail.summaries]
         return ConversationDetail(**shown), allowed(returned)
 
-    subject = f"conversation:{conversation_id}"
+    subject = audit.conversation_read(conversation_id)
     return await audited_read(services, principal, request, purpose, subject, read)
 
 
@@ -78,5 +79,5 @@ async def get_context(
         answer = ContextView(conversation_id=conversation_id, view=view)
         return answer, allowed([conversation_id])
 
-    subject = f"conversation:{conversation_id}"
+    subject = audit.conversation_read(conversation_id)
     return await audited_read(services, principal, request, purpose, subject, read)

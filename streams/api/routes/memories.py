@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from projections.access import audit
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
 from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
@@ -141,7 +142,8 @@ async def read_subject(
         hydrated = await hydrate(conn, _query(principal, policy, subject, exact, limit))
         return _answer(services, request, hydrated)
 
-    return await audited_read(services, principal, request, purpose, ":".join(subject), read)
+    about = audit.subject_read(*subject)
+    return await audited_read(services, principal, request, purpose, about, read)
 
 
 @router.get(
@@ -253,4 +255,5 @@ async def get_memory(
         detail = MemoryDetail(memory=record, eligible=record.is_eligible(now), history=history)
         return detail, allowed([memory_id])
 
-    return await audited_read(services, principal, request, purpose, f"memory:{memory_id}", read)
+    about = audit.memory_read(memory_id)
+    return await audited_read(services, principal, request, purpose, about, read)
