@@ -1,7 +1,7 @@
 -- A message source's ref is "<conversation_id>/<message_id>" with the conversation id written
 -- with '%' as '%25' and '/' as '%2F' (topics.envelope.message_ref): cut at the first '/' and
 -- unescaped, a conversation id that holds '/' is found from the memories derived from it.
--- The same rule as topics.envelope.source_conversation (tests/projections/test_message_refs.py
+-- The same rule as topics.envelope.source_conversation (tests/projections/test_memory_store.py
 -- holds the two to each other). replace() scans once, left to right, and never rescans what it
 -- wrote: '%2F' first, then '%25', is the one-pass decoding of both escapes.
 CREATE FUNCTION memproj_source_conversation(source_type text, source_ref text) RETURNS text

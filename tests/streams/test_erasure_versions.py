@@ -26,8 +26,9 @@ from streams.cli import cli
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.worker import memory_projection
+from support.deletion_scenario import compact_quickly, detail
 from topics.envelope import message_ref
-from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
+from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_CURRENT, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 ALICE = ("user", "alice")
@@ -80,8 +81,9 @@ def test_an_erasure_closes_the_versions_it_covers_and_keeps_the_others(env: Any)
             f.revoked("acme", "mem_alice", reason=f"{reason} asked by phone"),
         ]
     )
+    compact_quickly(env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT))
     env.start("memory", "conversation", "embeddings", "summaries", "cache", "context")
-    env.start("deletion")
+    env.start("deletion", compaction_roll_check_seconds=0.5, deletion_purge_check_seconds=1.0)
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
 
@@ -119,12 +121,12 @@ def test_an_erasure_closes_the_versions_it_covers_and_keeps_the_others(env: Any)
         DELETION_REQUESTS,
     )
 
-    def verified() -> dict[str, Any] | None:
-        with env.connect() as conn:
-            row = conn.execute("SELECT verified_at, verification FROM deletion_requests").fetchone()
-        return row[1] if row and row[0] else None
+    def purged() -> dict[str, Any] | None:
+        found = detail(env, "acme", "d1")
+        return found if found and found["purged_at"] is not None else None
 
-    assert env.wait_until(verified, "the erasure to be verified")["clean"]
+    # Purged: no copy left anywhere memproj writes, dead tuples and memory.current included.
+    assert env.wait_until(purged, "the erasure to be purged", seconds=240)["verification"]["clean"]
     assert readable_outside_windows(audit(env, learned)) == []
     assert readable_outside_windows(audit(env, reason)) == []
     with env.connect() as conn:
