@@ -2,7 +2,8 @@
 
 The services are built once at the entry point (``streams.cli.serve``) and passed in; the
 application opens them in its lifespan and closes them after. Middleware, outermost first:
-the request metrics (every answer counted, refusals included), then the body bound (413).
+routing on the path as received (ids are percent-encoded segments, ``streams.api.paths``), the
+request metrics (every answer counted, refusals included), then the body bound (413).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from streams.api import errors
 from streams.api.auth import Services
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
+from streams.api.paths import RawPathRouting
 from streams.api.routes import conversations, deletions, memories, proposals
 from streams.api.services import ApiServices
 from topics.api.models import Health
@@ -62,6 +64,7 @@ def create_app(services: ApiServices) -> FastAPI:
     # add_middleware wraps what is already there: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=services.settings.api_max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=services.metrics, routes=app)
+    app.add_middleware(RawPathRouting)
     return app
 
 

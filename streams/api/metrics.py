@@ -48,17 +48,23 @@ class ApiMetrics:
                 self.blocked.labels(route, store).inc(count)
 
 
+def template_of(route: object) -> str:
+    """A route's template as clients read it (``/v1/memories/{memory_id}``: without the
+    parameters' convertors)."""
+    return str(getattr(route, "path_format", UNMATCHED))
+
+
 def route_template(app: ASGIApp, scope: Scope) -> str:
     """The template of the route that answered (``/v1/memories/{memory_id}``), never the
     path itself: paths carry ids, and a label per id would grow without bound. The router
     names the route it chose in the scope; a refusal before routing (413) is matched here."""
     chosen = scope.get("route")
     if chosen is not None:
-        return str(getattr(chosen, "path", UNMATCHED))
+        return template_of(chosen)
     for route in getattr(getattr(app, "router", None), "routes", ()):
         match, _ = route.matches(scope)
         if match == Match.FULL:
-            return str(getattr(route, "path", UNMATCHED))
+            return template_of(route)
     return UNMATCHED
 
 
