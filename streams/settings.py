@@ -271,6 +271,12 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         262144, description="largest request body the API reads; a larger one is refused (413)"
     )
+    api_max_head_bytes: int = Field(
+        65536,
+        ge=1024,
+        description="longest request line, and longest head (request line and headers), the "
+        "API reads; past it 414 (the line) or 431 (the head)",
+    )
     api_delivery_timeout_seconds: float = Field(
         30.0,
         gt=0,

@@ -3,7 +3,8 @@
 The services are built once at the entry point (``streams.cli.serve``) and passed in; the
 application opens them in its lifespan and closes them after. Middleware, outermost first:
 routing on the path as received (ids are percent-encoded segments, ``streams.api.paths``), the
-request metrics (every answer counted, refusals included), then the body bound (413).
+request metrics (every answer counted, refusals included), the head bound (414, 431), then the
+body bound (413).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.api import errors
 from streams.api.auth import Services
+from streams.api.heads import HeadLimit
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
 from streams.api.paths import RawPathRouting
@@ -63,6 +65,7 @@ def create_app(services: ApiServices) -> FastAPI:
     _add_probes(app)
     # add_middleware wraps what is already there: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=services.settings.api_max_body_bytes)
+    app.add_middleware(HeadLimit, max_bytes=services.settings.api_max_head_bytes)
     app.add_middleware(RequestMetrics, metrics=services.metrics, routes=app)
     app.add_middleware(RawPathRouting)
     return app

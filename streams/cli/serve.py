@@ -43,6 +43,7 @@ def serve(
     import uvicorn  # only this command pays for the web stack's imports
 
     from streams.api.app import create_app
+    from streams.api.heads import BoundedHeadProtocol
     from streams.api.services import build_services
 
     settings = settings_of(ctx)
@@ -64,6 +65,8 @@ def serve(
         port=settings.api_port if port is None else port,
         log_level=settings.log_level.lower(),
         access_log=False,
-        # The API's own bound (413) is judged on the body; this bounds the headers.
-        h11_max_incomplete_event_size=64 * 1024,
+        # The head's bound, answered 414 or 431 however the head arrives (streams.api.heads);
+        # the body's is the application's (413).
+        http=BoundedHeadProtocol,
+        h11_max_incomplete_event_size=settings.api_max_head_bytes,
     )
