@@ -3,6 +3,7 @@ key's rate, 413 past the body bound, /healthz, /readyz and /metrics."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -71,3 +72,19 @@ def test_replicas_share_a_keys_rate_in_redis(api_env: Env, serve_api: Any) -> No
         with server.client(key.token) as client:
             statuses.append(client.get(path, params={"purpose": "support"}).status_code)
     assert statuses == [200, 200, 200, 429]
+
+
+def test_invented_methods_are_one_label_value(api_env: Env, serve_api: Any) -> None:
+    """The server accepts any token as a method; without a key, a thousand invented ones must
+    not make a thousand series."""
+    server: ApiServer = serve_api(api_env)
+    paths = ["/healthz", "/v1/memories/m1", "/nowhere"]
+    with server.client() as client:
+        for n in range(1000):
+            client.request(f"INVENTED{n}", paths[n % len(paths)])
+        client.get("/healthz")
+        metrics = client.get("/metrics").text
+    methods = set(re.findall(r'^memproj_api_requests_total\{method="([^"]*)"', metrics, re.M))
+    assert methods == {"GET", "other"}
+    counted = re.findall(r'^memproj_api_requests_total\{method="other".*\} (\S+)$', metrics, re.M)
+    assert sum(float(count) for count in counted) == 1000
