@@ -263,9 +263,15 @@ class Settings(BaseSettings):
         description="requests one API key may make, a moving window in the limits library's "
         "notation ('100/second', '1200/minute', '10 per 1 second'); past it 429 with Retry-After",
     )
+    api_login_rate_limit: str = Field(
+        "60/minute",
+        description="failed authentications (a missing, unknown or revoked key) one client "
+        "address may make, a moving window; past it every request from that address is "
+        "429 with Retry-After, before its key is looked up",
+    )
     api_rate_limit_storage: Literal["memory", "redis"] = Field(
         "memory",
-        description="where the rate limit's windows are kept: 'memory', per process; 'redis' "
+        description="where the rate limits' windows are kept: 'memory', per process; 'redis' "
         "(MEMPROJ_REDIS_URL), shared by every replica of the API",
     )
     api_max_body_bytes: int = Field(
