@@ -7,8 +7,8 @@ router matches the path as it was received (``RawPathRouting``), segment by segm
 id parameter (``{memory_id:segment}``) is decoded once, after it has been matched
 (``SegmentConvertor``): ``m%2F..%2Fx%252F%3Ay%20%C3%BC`` is the memory ``m/../x%2F:y ü``.
 
-Clients encode each id as a path segment: every character but the unreserved ones
-(``A-Z a-z 0-9 - . _ ~``) percent-encoded as UTF-8 (``quote(id, safe="")``,
+Clients encode each id as ``topics.api.paths.encode_segment`` does: every character but the
+unreserved ones (``A-Z a-z 0-9 - . _ ~``) percent-encoded as UTF-8 (``quote(id, safe="")``,
 ``encodeURIComponent``), and the two ids that are dot segments, ``.`` and ``..``, as ``%2E``
 and ``%2E%2E``: clients and proxies remove a literal dot segment from a path before it is
 sent."""
@@ -16,12 +16,13 @@ sent."""
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from fastapi import Path
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from topics.api.paths import encode_segment
 from topics.envelope import IDENTIFIER_MAX_LENGTH
 
 # PostgreSQL's text holds no NUL, so the codec refuses an event with one: no stored id has it.
@@ -41,13 +42,6 @@ class SegmentConvertor(Convertor[str]):
 
 
 register_url_convertor("segment", SegmentConvertor())
-
-
-def encode_segment(value: str) -> str:
-    """``value`` as one path segment that every client and proxy passes through unchanged."""
-    if value in (".", ".."):
-        return value.replace(".", "%2E")
-    return quote(value, safe="")
 
 
 class RawPathRouting:

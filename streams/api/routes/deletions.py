@@ -27,7 +27,7 @@ from projections.access.proposals import (
 from projections.deletion import queries
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
-from streams.api.paths import DeletionIdPath, encode_segment
+from streams.api.paths import DeletionIdPath
 from streams.api.services import ApiServices
 from streams.deletion_requests import (
     DeletionRequest,
@@ -35,6 +35,7 @@ from streams.deletion_requests import (
     build_deletion_request,
 )
 from streams.kafka import PublishFailed
+from topics.api.paths import encode_segment
 from topics.api.writes import DeletionAccepted, DeletionProgress, DeletionRequestBody
 from topics.registry import DELETION_REQUESTS
 

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from projections.access.proposals import DELETE, PROPOSE
-from streams.api.paths import encode_segment
 from streams.cli import cli
 from streams.sample import EventFactory
 from streams.settings import Settings
 from support.api_server import ApiServer, serving
+from topics.api.paths import encode_segment
 from topics.envelope import IDENTIFIER_MAX_LENGTH
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
