@@ -4,8 +4,8 @@ never a connection reset.
 
 Two places see an over-long head, depending on how it arrives:
 
-- whole in one read: the HTTP parser (h11) takes it, whatever its size, and ``HeadLimit``,
-  the outermost check of the application, refuses it before anything reads it;
+- whole in one read: the HTTP parser (h11) takes it, whatever its size, and ``HeadLimit``
+  refuses it before any route or key check reads it;
 - in pieces: h11 stops buffering past ``h11_max_incomplete_event_size`` (set to the same
   bound) and raises. uvicorn's own answer to that is a 400 followed by closing the socket
   while the client is still sending: the kernel then resets the connection and the client
