@@ -128,7 +128,7 @@ def confinement(query: RecallQuery) -> MemoryOnly:
     )
 
 
-# Candidates asked of the vector store per result: the ranking is over allowed entries only,
+# Candidates ranked by the vector store per result: the ranking is over allowed entries only,
 # but the hydration still drops some (superseded, revoked, expired, erased; outside the
 # request's statuses or maximum age).
 CANDIDATES_PER_RESULT = 4
@@ -163,36 +163,49 @@ async def recall_by_text(
     now: datetime,
 ) -> Hydrated:
     """Semantic recall: the vector store proposes (ranking the subject's memories of the
-    query's kinds and scopes only), the projection and the ledger decide."""
+    query's kinds and scopes only), the projection and the ledger decide.
+
+    The text is embedded and the candidates ranked in a worker thread (both are CPU work that
+    would stall every other request on the event loop). The ranking answers ids and versions
+    only; the candidates are hydrated in rank order, as many at a time as answers are still
+    missing, so a read hydrates what it returns plus what the guard or the filters drop on
+    the way, not every candidate."""
     check_embedder(vectors, embedder.name)
-    (vector,) = embedder.embed([text])
-    subject = (query.subject_type, query.subject_id)
-    hits = await asyncio.to_thread(
-        vectors.search,
+    (vector,) = await asyncio.to_thread(embedder.embed, [text])
+    ranked = await asyncio.to_thread(
+        vectors.search_candidates,
         query.tenant_id,
         vector,
         query.limit * CANDIDATES_PER_RESULT,
-        subject,
+        (query.subject_type, query.subject_id),
         confinement(query),
     )
     candidates = [
-        (hit.entry.memory_id, hit.entry.version)
-        for hit in hits
-        if hit.entry.kind == "memory"
-        and hit.entry.memory_id is not None
-        and hit.entry.tenant_id == query.tenant_id
+        (candidate.memory_id, candidate.version)
+        for candidate in ranked
+        if candidate.kind == "memory"
+        and candidate.memory_id is not None
+        and candidate.tenant_id == query.tenant_id
     ]
-    foreign = sum(1 for hit in hits if hit.entry.tenant_id != query.tenant_id)
+    foreign = sum(1 for candidate in ranked if candidate.tenant_id != query.tenant_id)
+    wanted: list[MemoryRecord] = []
+    unwanted: list[str] = []
+    dropped: Counter[str] = Counter({"other_tenant": foreign} if foreign else {})
+    dropped_ids: list[str] = []
     async with conn.transaction():
-        kept, dropped, dropped_ids = await hydrate(conn, query.tenant_id, candidates, now)
-        if foreign:
-            dropped["other_tenant"] += foreign
+        position = 0
+        while len(wanted) < query.limit and position < len(candidates):
+            batch = candidates[position : position + query.limit - len(wanted)]
+            position += len(batch)
+            kept, batch_dropped, batch_dropped_ids = await hydrate(
+                conn, query.tenant_id, batch, now
+            )
+            dropped += batch_dropped
+            dropped_ids += batch_dropped_ids
+            wanted += [r for r in kept if _wanted(r, query, now)]
+            unwanted += [r.memory_id for r in kept if not _wanted(r, query, now)]
         await _count_blocked(conn, "embeddings", dropped)
-    wanted = [r for r in kept if _wanted(r, query, now)]
-    unwanted = [r.memory_id for r in kept if not _wanted(r, query, now)]
-    return Hydrated(
-        wanted[: query.limit], {"embeddings": dropped} if dropped else {}, dropped_ids, unwanted
-    )
+    return Hydrated(wanted, {"embeddings": dropped} if dropped else {}, dropped_ids, unwanted)
 
 
 async def context_view(

@@ -270,13 +270,25 @@ class Settings(BaseSettings):
         description="requests one API key may make, a moving window in the limits library's "
         "notation ('100/second', '1200/minute', '10 per 1 second'); past it 429 with Retry-After",
     )
+    api_login_rate_limit: str = Field(
+        "60/minute",
+        description="failed authentications (a missing, unknown or revoked key) one client "
+        "address may make, a moving window; past it every request from that address is "
+        "429 with Retry-After, before its key is looked up",
+    )
     api_rate_limit_storage: Literal["memory", "redis"] = Field(
         "memory",
-        description="where the rate limit's windows are kept: 'memory', per process; 'redis' "
+        description="where the rate limits' windows are kept: 'memory', per process; 'redis' "
         "(MEMPROJ_REDIS_URL), shared by every replica of the API",
     )
     api_max_body_bytes: int = Field(
         262144, description="largest request body the API reads; a larger one is refused (413)"
+    )
+    api_max_head_bytes: int = Field(
+        65536,
+        ge=1024,
+        description="longest request line, and longest head (request line and headers), the "
+        "API reads; past it 414 (the line) or 431 (the head)",
     )
     api_delivery_timeout_seconds: float = Field(
         30.0,

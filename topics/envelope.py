@@ -10,7 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol, Self, TypeVar, c
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+IDENTIFIER_MAX_LENGTH = 128
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=IDENTIFIER_MAX_LENGTH)]
 # References such as "conv_71/msg_993" join two identifiers, so they get more room.
 Reference = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]

@@ -27,6 +27,7 @@ from lancedb.table import Table
 from projections.embeddings.embedder import hashing_name
 from projections.embeddings.vectors import (
     KINDS,
+    Candidate,
     EmbedderMismatch,
     EntryKind,
     EntryRef,
@@ -174,6 +175,8 @@ _REF_COLUMNS = (
     "id", "kind", "tenant_id", "subject_type", "subject_id", "memory_id", "conversation_id",
     "occurred_at",
 )  # fmt: skip
+# What a read's ranking answers with (``search_candidates``): no text, no vector.
+_CANDIDATE_COLUMNS = ("id", "kind", "tenant_id", "memory_id", "version")
 # Rows per batch of the scans that stream a table (``nearest``): a batch of 256-dimension
 # vectors is 512 KB, and its distances to 400 probe vectors 800 KB. Measured on 80,000
 # entries, three verifications of 400 probes each, one run: peak +83 MB over the open store with
@@ -352,6 +355,43 @@ class LanceVectorStore:
         subject: tuple[str, str] | None = None,
         only: MemoryOnly | None = None,
     ) -> list[VectorHit]:
+        rows = self._nearest_rows(tenant_id, vector, limit, subject, only, None)
+        hits = [VectorHit(_entry(row), float(row["_distance"])) for row in rows]
+        return sorted(hits, key=lambda hit: (hit.distance, hit.entry.id))
+
+    def search_candidates(
+        self,
+        tenant_id: str,
+        vector: Sequence[float],
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[Candidate]:
+        rows = self._nearest_rows(tenant_id, vector, limit, subject, only, _CANDIDATE_COLUMNS)
+        found = [
+            Candidate(
+                row["id"],
+                _kind(row),
+                row["tenant_id"],
+                row["memory_id"],
+                row["version"],
+                float(row["_distance"]),
+            )
+            for row in rows
+        ]
+        return sorted(found, key=lambda candidate: (candidate.distance, candidate.id))
+
+    def _nearest_rows(
+        self,
+        tenant_id: str,
+        vector: Sequence[float],
+        limit: int,
+        subject: tuple[str, str] | None,
+        only: MemoryOnly | None,
+        columns: Sequence[str] | None,
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` rows nearest to ``vector`` with their ``_distance``: every column, or
+        only ``columns`` (the ranking reads the vectors, the answer carries only these)."""
         if len(vector) != self.dim:
             raise ValueError(f"the query vector has {len(vector)} dimensions, not {self.dim}")
         if limit < 1 or (only is not None and only.admits_nothing):
@@ -364,7 +404,7 @@ class LanceVectorStore:
             query = table.search(list(vector), vector_column_name="vector")
             if not isinstance(query, LanceVectorQueryBuilder):
                 raise TypeError(f"LanceDB made a {type(query).__name__} of a vector query")
-            return (
+            query = (
                 query.distance_type("cosine")
                 # A prefilter: ranking only ever sees the tenant's entries (of the kinds and
                 # scopes asked for), so a nearer entry of another tenant (or of a kind the
@@ -372,12 +412,13 @@ class LanceVectorStore:
                 # limit.
                 .where(where, prefilter=True)
                 .limit(limit)
-                .to_arrow()
             )
+            if columns is not None:
+                query = query.select([*columns, "_distance"])
+            return query.to_arrow()
 
-        rows = self._run(search).to_pylist()
-        hits = [VectorHit(_entry(row), float(row["_distance"])) for row in rows]
-        return sorted(hits, key=lambda hit: (hit.distance, hit.entry.id))
+        rows: list[dict[str, Any]] = self._run(search).to_pylist()
+        return rows
 
     def nearest(
         self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int

@@ -92,6 +92,19 @@ class RefHit:
 
 
 @dataclass(frozen=True, slots=True)
+class Candidate:
+    """A hit of ``search_candidates``: what names the entry and what hydration checks it by
+    (the version the index holds), without its text or vector."""
+
+    id: str
+    kind: EntryKind
+    tenant_id: str
+    memory_id: str | None
+    version: int
+    distance: float  # cosine distance, as VectorHit's
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     """Entries of one tenant that belong to a subject, to conversations, to memories, or that
     have one of the given ids.
@@ -241,6 +254,18 @@ class VectorStore(Protocol):
         """The ``limit`` entries of the tenant (and subject; with ``only``, memories of its
         kinds and scopes) nearest to ``vector``, nearest first. Other tenants' entries, and
         the ones ``only`` leaves out, are filtered out before ranking, never after."""
+        ...
+
+    def search_candidates(
+        self,
+        tenant_id: str,
+        vector: Sequence[float],
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[Candidate]:
+        """``search``'s hits without their text or vector, nearest first: what a read ranks
+        and then hydrates from the projection, which holds the content."""
         ...
 
     def nearest(

@@ -2,7 +2,9 @@
 
 The services are built once at the entry point (``streams.cli.serve``) and passed in; the
 application opens them in its lifespan and closes them after. Middleware, outermost first:
-the request metrics (every answer counted, refusals included), then the body bound (413).
+routing on the path as received (ids are percent-encoded segments, ``streams.api.paths``), the
+request metrics (every answer counted, refusals included), the head bound (414, 431), then the
+body bound (413).
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams.api import errors
 from streams.api.auth import Services
+from streams.api.heads import BoundedHeadProtocol, HeadLimit
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
+from streams.api.paths import RawPathRouting
 from streams.api.routes import conversations, deletions, memories, proposals
 from streams.api.services import ApiServices
+from streams.settings import Settings
 from topics.api.models import Health
 
 API_VERSION = "1.0.0"
@@ -61,8 +67,27 @@ def create_app(services: ApiServices) -> FastAPI:
     _add_probes(app)
     # add_middleware wraps what is already there: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=services.settings.api_max_body_bytes)
+    app.add_middleware(HeadLimit, max_bytes=services.settings.api_max_head_bytes)
     app.add_middleware(RequestMetrics, metrics=services.metrics, routes=app)
+    app.add_middleware(RawPathRouting)
     return app
+
+
+def http_server(app: FastAPI, settings: Settings, host: str, port: int | None) -> uvicorn.Server:
+    """The uvicorn server ``memproj serve`` runs ``app`` under (on ``settings.api_port``
+    unless ``port`` is given)."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=settings.api_port if port is None else port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        # The head's bound, answered 414 or 431 however the head arrives (streams.api.heads);
+        # the body's is the application's (413).
+        http=BoundedHeadProtocol,
+        h11_max_incomplete_event_size=settings.api_max_head_bytes,
+    )
+    return uvicorn.Server(config)
 
 
 def _add_probes(app: FastAPI) -> None:

@@ -1,9 +1,11 @@
-"""The API's limits: a per-key rate limit (a moving window, the ``limits`` library) and a
-bound on request bodies.
+"""The API's limits: rate limits (a moving window, the ``limits`` library) and a bound on
+request bodies.
 
-The rate limit is judged after authentication, per key id: one key's burst never spends
-another's allowance. Its windows live in the process (``memory``) or in Redis (``redis``),
-where every replica of the API counts against the same windows.
+Two rate limits: requests per key, judged after authentication (one key's burst never spends
+another's allowance), and failed authentications per client address, judged before the key is
+looked up (a guesser's attempts stop costing a database connection each). Their windows live
+in the process (``memory``) or in Redis (``redis``), where every replica of the API counts
+against the same windows.
 """
 
 from __future__ import annotations
@@ -44,10 +46,20 @@ class RateLimit:
         assert isinstance(shared, Storage)
         return cls(limit, shared)
 
-    async def hit(self, key_id: str) -> Verdict:
-        if await self._limiter.hit(self.item, key_id):
+    async def hit(self, key: str) -> Verdict:
+        """Spends one unit of ``key``'s allowance, if there is one left."""
+        if await self._limiter.hit(self.item, key):
             return Verdict(True)
-        stats = await self._limiter.get_window_stats(self.item, key_id)
+        return await self._refused(key)
+
+    async def check(self, key: str) -> Verdict:
+        """Whether ``key`` has allowance left, spending none."""
+        if await self._limiter.test(self.item, key):
+            return Verdict(True)
+        return await self._refused(key)
+
+    async def _refused(self, key: str) -> Verdict:
+        stats = await self._limiter.get_window_stats(self.item, key)
         return Verdict(False, max(1, math.ceil(stats.reset_time - time.time())))
 
 

@@ -1,5 +1,7 @@
 """The API's Prometheus metrics, on the injected registry: requests and their latency per
-route template and status, and the hydration guard's blocked reads per route."""
+route template, method and status, and the hydration guard's blocked reads per route. Every
+label takes a bounded set of values, whatever a client sends: templates, never paths; the
+methods of HTTP, and ``other``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,16 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "unmatched"
+# The methods of HTTP (RFC 9110, and PATCH): the server accepts any token as a method, and a
+# label per invented one would grow without bound; every other method is one label value.
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+OTHER_METHOD = "other"
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else OTHER_METHOD
 
 
 class ApiMetrics:
@@ -18,7 +30,8 @@ class ApiMetrics:
         self.registry = registry
         self.requests = Counter(
             "memproj_api_requests",
-            "HTTP API requests answered, per route template, method and status",
+            "HTTP API requests answered, per route template, method (other: not an HTTP method) "
+            "and status",
             ["route", "method", "status"],
             registry=registry,
         )
@@ -48,17 +61,23 @@ class ApiMetrics:
                 self.blocked.labels(route, store).inc(count)
 
 
+def template_of(route: object) -> str:
+    """A route's template as clients read it (``/v1/memories/{memory_id}``: without the
+    parameters' convertors)."""
+    return str(getattr(route, "path_format", UNMATCHED))
+
+
 def route_template(app: ASGIApp, scope: Scope) -> str:
     """The template of the route that answered (``/v1/memories/{memory_id}``), never the
     path itself: paths carry ids, and a label per id would grow without bound. The router
     names the route it chose in the scope; a refusal before routing (413) is matched here."""
     chosen = scope.get("route")
     if chosen is not None:
-        return str(getattr(chosen, "path", UNMATCHED))
+        return template_of(chosen)
     for route in getattr(getattr(app, "router", None), "routes", ()):
         match, _ = route.matches(scope)
         if match == Match.FULL:
-            return str(getattr(route, "path", UNMATCHED))
+            return template_of(route)
     return UNMATCHED
 
 
@@ -88,7 +107,7 @@ class RequestMetrics:
         finally:
             self.metrics.observe(
                 route_template(self.routes, scope),
-                scope["method"],
+                method_label(scope["method"]),
                 status,
                 time.perf_counter() - started,
             )

@@ -18,7 +18,7 @@ from projections.access.policy import DENIED, PolicyRefusal, PurposePolicy, Read
 from projections.bookkeeping import Conn
 from streams.api.auth import Principal, policy_of
 from streams.api.errors import ApiError
-from streams.api.metrics import UNMATCHED
+from streams.api.metrics import template_of
 from streams.api.services import ApiServices
 
 T = TypeVar("T")
@@ -27,8 +27,7 @@ Read = Callable[[Conn, PurposePolicy | None], Awaitable[tuple[T, ReadDecision]]]
 
 
 def route_of(request: Request) -> str:
-    route = request.scope.get("route")
-    return str(getattr(route, "path", UNMATCHED))
+    return template_of(request.scope.get("route"))
 
 
 async def audited_read(

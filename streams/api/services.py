@@ -1,6 +1,6 @@
 """What the API's routes use, built once at the entry point from Settings and handed to
 ``create_app``: the PostgreSQL pool, the Redis cache, the vector store and its embedder, the
-Kafka producer, the metrics, the rate limit and the clock. ``start``/``aclose`` are the
+Kafka producer, the metrics, the rate limits and the clock. ``start``/``aclose`` are the
 application's lifespan."""
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class ApiServices:
     open_embedder: Callable[[], Embedder]
     metrics: ApiMetrics
     rate_limit: RateLimit
+    login_limit: RateLimit  # failed authentications per client address
     open_vectors: Callable[[], VectorStore]
     clock: Callable[[], datetime] = _now
     _producer: DeliveringProducer | None = field(default=None, repr=False)
@@ -129,6 +130,12 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
             settings.api_rate_limit_storage,
             settings.redis_url,
             settings.cache_namespace,
+        ),
+        login_limit=RateLimit.of(
+            settings.api_login_rate_limit,
+            settings.api_rate_limit_storage,
+            settings.redis_url,
+            f"{settings.cache_namespace}-login",
         ),
         # The API never writes the store (its volume is mounted read-only): a missing table is
         # refused (a 503), not created.

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from projections.bookkeeping import Conn
 from projections.deletion import queries
 from streams.cli.common import echo_json, settings_of, with_connection
-from streams.cli.memory import parse_duration, parse_subject
+from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
 from streams.kafka import producer_config
 from streams.sample import iso
@@ -84,12 +84,19 @@ def delete() -> None:
 
 
 @delete.command("subject")
-@click.option("--subject", required=True, help="TYPE:ID, e.g. user:u_123")
+@subject_options
 @_common
 @click.pass_context
-def delete_subject(ctx: click.Context, /, subject: str, **options: Any) -> None:
+def delete_subject(
+    ctx: click.Context,
+    /,
+    subject: str | None,
+    subject_type: str | None,
+    subject_id: str | None,
+    **options: Any,
+) -> None:
     """Erase a subject: its memories, the conversations it owns, and all derived from them."""
-    subject_type, subject_id = parse_subject(subject)
+    subject_type, subject_id = subject_of(subject, subject_type, subject_id)
     target = {"type": "subject", "id": subject_id, "subject_type": subject_type}
     request_deletion(ctx, target=target, **options)
 

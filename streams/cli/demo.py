@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, LiteralString
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import click
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -26,6 +26,7 @@ from streams.kafka import admin_config, consumer_config, delete_topics, producer
 from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
+from topics.api.paths import encode_segment
 from topics.messages import InputMessage, header_pairs
 from topics.outputs import DeadLetter
 from topics.registry import (
@@ -360,7 +361,7 @@ def curl_lines(
 ) -> list[str]:
     """A ``curl`` of recall and one of semantic search about ``subject``, as a shell runs them."""
     base = url.rstrip("/")
-    subject_path = "/".join(quote(part, safe="") for part in subject)
+    subject_path = "/".join(encode_segment(part) for part in subject)
     recall = f"{base}/v1/subjects/{subject_path}/memories?{urlencode({'purpose': purpose})}"
     search = (
         f"{base}/v1/subjects/{subject_path}/search?{urlencode({'purpose': purpose, 'text': text})}"

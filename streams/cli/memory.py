@@ -37,9 +37,38 @@ def parse_subject(text: str) -> tuple[str, str]:
     return subject_type, subject_id
 
 
+def subject_of(
+    subject: str | None, subject_type: str | None, subject_id: str | None
+) -> tuple[str, str]:
+    """The subject of ``--subject TYPE:ID`` (split at its first ``:``), or of
+    ``--subject-type`` and ``--subject-id``: any ids, a type holding ``:`` among them."""
+    if subject is not None:
+        if subject_type is not None or subject_id is not None:
+            raise click.UsageError("give --subject, or --subject-type and --subject-id, not both")
+        return parse_subject(subject)
+    if subject_type is None or subject_id is None:
+        raise click.UsageError("give --subject TYPE:ID, or --subject-type and --subject-id")
+    return subject_type, subject_id
+
+
+SUBJECT_OPTIONS = [
+    click.option(
+        "--subject", help="TYPE:ID of the subject, e.g. user:u_123 (split at the first ':')"
+    ),
+    click.option("--subject-type", help="the subject's type, for any type (one with ':' too)"),
+    click.option("--subject-id", help="the subject's id, with --subject-type"),
+]
+
+
+def subject_options(function: Any) -> Any:
+    for option in reversed(SUBJECT_OPTIONS):
+        function = option(function)
+    return function
+
+
 @click.command()
 @click.option("--tenant", required=True)
-@click.option("--subject", required=True, help="TYPE:ID of the subject, e.g. user:u_123")
+@subject_options
 @click.option("--scope")
 @click.option("--kind")
 @click.option(
@@ -55,7 +84,9 @@ def parse_subject(text: str) -> tuple[str, str]:
 def recall(
     ctx: click.Context,
     tenant: str,
-    subject: str,
+    subject: str | None,
+    subject_type: str | None,
+    subject_id: str | None,
     scope: str | None,
     kind: str | None,
     status: str,
@@ -67,7 +98,7 @@ def recall(
     """Eligible memories about a subject: never revoked, superseded, expired or another
     tenant's. With --query, ranked by similarity to TEXT; every candidate from the vector
     store or the cache is re-read through the projection and the deletion ledger."""
-    subject_type, subject_id = parse_subject(subject)
+    subject_type, subject_id = subject_of(subject, subject_type, subject_id)
     statuses = tuple(s.strip() for s in status.split(",") if s.strip())
     unknown = set(statuses) - {"verified", "proposed"}
     if unknown:

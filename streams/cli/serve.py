@@ -40,9 +40,8 @@ def serve(
 ) -> None:
     """Serve the HTTP API (/v1: recall, search, memories, conversations; /healthz, /readyz,
     /metrics). Keys: memproj keys api create; purposes: memproj keys purpose set."""
-    import uvicorn  # only this command pays for the web stack's imports
-
-    from streams.api.app import create_app
+    # Only this command pays for the web stack's imports.
+    from streams.api.app import create_app, http_server
     from streams.api.services import build_services
 
     settings = settings_of(ctx)
@@ -58,12 +57,7 @@ def serve(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     app = create_app(build_services(settings))
-    uvicorn.run(
-        app,
-        host=host or settings.api_host,
-        port=settings.api_port if port is None else port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        # The API's own bound (413) is judged on the body; this bounds the headers.
-        h11_max_incomplete_event_size=64 * 1024,
-    )
+    server = http_server(app, settings, host or settings.api_host, port)
+    server.run()
+    if not server.started:
+        raise SystemExit(3)  # it could not start (the port taken, say), as uvicorn.run exits

@@ -251,6 +251,29 @@ def test_search_ranks_the_same_text_first(store: LanceVectorStore) -> None:
     assert [hit.distance for hit in hits] == sorted(hit.distance for hit in hits)
 
 
+def test_search_candidates_are_searchs_hits_without_text_or_vector(
+    store: LanceVectorStore,
+) -> None:
+    """What a read ranks by: the same entries, order and distances as ``search``, each its id,
+    kind, tenant, memory and version only."""
+    store.upsert(
+        [memory(f"m{n}", f"likes tea number {n}", subject=("user", "u1")) for n in range(8)]
+    )
+    store.upsert([memory("other", "likes tea", tenant_id="tenant-b", subject=("user", "u1"))])
+    (query,) = EMBEDDER.embed(["likes tea"])
+    subject, only = ("user", "u1"), MemoryOnly(kinds=frozenset({"preference"}))
+
+    hits = store.search("tenant-a", query, 5, subject, only)
+    candidates = store.search_candidates("tenant-a", query, 5, subject, only)
+
+    assert [(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in candidates] == [
+        (h.entry.id, h.entry.kind, h.entry.tenant_id, h.entry.memory_id, h.entry.version)
+        for h in hits
+    ]
+    assert [c.distance for c in candidates] == pytest.approx([h.distance for h in hits])
+    assert store.search_candidates("tenant-a", query, 5, only=MemoryOnly(kinds=frozenset())) == []
+
+
 def test_search_never_returns_another_tenants_entry(store: LanceVectorStore) -> None:
     text = "the user's bank PIN hint is their first cat"
     store.upsert([memory("m1", text), memory("m2", "the user likes jazz")])

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -25,6 +26,8 @@ from conftest import REPO, Env, settings_environment
 from projections.access import keys, purposes
 from projections.embeddings.vectors import Match
 from projections.migrate import migrate
+from streams.api.app import create_app, http_server
+from streams.api.services import ApiServices
 from streams.settings import Settings
 from support.embedders import vectors_of
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
@@ -175,6 +178,27 @@ def _migrated(settings: Settings) -> None:
             await migrate(conn)
 
     asyncio.run(run())
+
+
+@contextlib.contextmanager
+def serving_in_process(env: Env, services: ApiServices) -> Iterator[ApiServer]:
+    """The API over ``services`` a test built (holding one of them where it can see it, an
+    embedder say), served as ``memproj serve`` serves it, in a thread of this process."""
+    _migrated(services.settings)
+    server = ApiServer(env, services.settings, env.tmp_path / "serve-in-process.log")
+    running = http_server(create_app(services), services.settings, "127.0.0.1", server.port)
+    thread = threading.Thread(target=running.run, name="api-in-process", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server._healthy():
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("the API did not start in this process")
+            time.sleep(0.1)
+        yield server
+    finally:
+        running.should_exit = True
+        thread.join(30)
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ from projections.conversation import store as conversation_store
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Services
 from streams.api.errors import ApiError, error_responses
+from streams.api.paths import ConversationIdPath
 from streams.api.reading import audited_read
-from streams.api.routes.memories import Identifier, PurposeParam
+from streams.api.routes.memories import PurposeParam
 from topics.api.models import ContextView, ConversationDetail
 
 router = APIRouter(prefix="/v1", tags=["conversations"])
@@ -23,7 +24,7 @@ _READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
 
 
 @router.get(
-    "/conversations/{conversation_id}",
+    "/conversations/{conversation_id:segment}",
     response_model=ConversationDetail,
     responses=_READ_ERRORS,
     summary="A conversation's messages and its summaries with their sources",
@@ -33,7 +34,7 @@ async def get_conversation(
     request: Request,
     services: Services,
     principal: CurrentPrincipal,
-    conversation_id: Identifier,
+    conversation_id: ConversationIdPath,
     purpose: PurposeParam,
 ) -> ConversationDetail:
     async def read(
@@ -55,7 +56,7 @@ async def get_conversation(
 
 
 @router.get(
-    "/conversations/{conversation_id}/context",
+    "/conversations/{conversation_id:segment}/context",
     response_model=ContextView,
     responses=_READ_ERRORS,
     summary="The model-ready context view of a conversation",
@@ -65,7 +66,7 @@ async def get_context(
     request: Request,
     services: Services,
     principal: CurrentPrincipal,
-    conversation_id: Identifier,
+    conversation_id: ConversationIdPath,
     purpose: PurposeParam,
 ) -> ContextView:
     """Through the cache; a view of a conversation that is deleted is never served (the

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Header
 
 from projections.access.proposals import (
     DELETE,
@@ -27,6 +27,7 @@ from projections.access.proposals import (
 from projections.deletion import queries
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
+from streams.api.paths import DeletionIdPath
 from streams.api.services import ApiServices
 from streams.deletion_requests import (
     DeletionRequest,
@@ -34,12 +35,12 @@ from streams.deletion_requests import (
     build_deletion_request,
 )
 from streams.kafka import PublishFailed
+from topics.api.paths import encode_segment
 from topics.api.writes import DeletionAccepted, DeletionProgress, DeletionRequestBody
 from topics.registry import DELETION_REQUESTS
 
 router = APIRouter(prefix="/v1", tags=["deletions"])
 
-DeletionId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -125,19 +126,19 @@ def accepted(tenant_id: str, deletion_id: str, requested_at: datetime) -> Deleti
         deletion_id=deletion_id,
         tenant_id=tenant_id,
         requested_at=requested_at,
-        status_url=f"/v1/deletions/{deletion_id}",
+        status_url=f"/v1/deletions/{encode_segment(deletion_id)}",
     )
 
 
 @router.get(
-    "/deletions/{deletion_id}",
+    "/deletions/{deletion_id:segment}",
     response_model=DeletionProgress,
     responses=error_responses(401, 403, 404, 413, 422, 429, 500),
     summary="A deletion's per-store status, timings and verification",
     operation_id="get_deletion",
 )
 async def get_deletion(
-    services: Services, principal: CurrentPrincipal, deletion_id: DeletionId
+    services: Services, principal: CurrentPrincipal, deletion_id: DeletionIdPath
 ) -> DeletionProgress:
     """404 until the deletion worker has recorded the request, and for another tenant's."""
     principal.check_purpose(DELETE)

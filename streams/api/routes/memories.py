@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from projections.access import audit
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
@@ -24,18 +24,19 @@ from projections.memory.store import RecallQuery
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
+from streams.api.paths import ID_PATTERN, MemoryIdPath, SubjectIdPath, SubjectTypePath
 from streams.api.reading import audited_read, route_of
 from streams.api.services import ApiServices
 from topics.api.models import Blocked, MemoryDetail, MemoryList, MemoryVersion
+from topics.envelope import IDENTIFIER_MAX_LENGTH
 
 router = APIRouter(prefix="/v1", tags=["memories"])
 
 _READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
 _SEARCH_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500, 503)
 
-# Names are printable: PostgreSQL's text refuses NUL, and a control character is no id.
+# Purposes are the API's own names (memproj keys purpose set): printable.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
-Identifier = Annotated[str, Path(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 PurposeParam = Annotated[
     str,
     Query(
@@ -45,8 +46,13 @@ PurposeParam = Annotated[
         description="why the caller reads: one of the key's purposes",
     ),
 ]
-ScopeParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
-KindParam = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+# A memory's scope and kind are contract ids.
+ScopeParam = Annotated[
+    str | None, Query(min_length=1, max_length=IDENTIFIER_MAX_LENGTH, pattern=ID_PATTERN)
+]
+KindParam = Annotated[
+    str | None, Query(min_length=1, max_length=IDENTIFIER_MAX_LENGTH, pattern=ID_PATTERN)
+]
 StatusParam = Annotated[
     list[Literal["verified", "proposed"]] | None,
     Query(description="statuses to return (repeatable); default verified and proposed"),
@@ -147,7 +153,7 @@ async def read_subject(
 
 
 @router.get(
-    "/subjects/{subject_type}/{subject_id}/memories",
+    "/subjects/{subject_type:segment}/{subject_id:segment}/memories",
     response_model=MemoryList,
     responses=_READ_ERRORS,
     summary="Recall: a subject's eligible memories by exact filters",
@@ -157,8 +163,8 @@ async def recall(
     request: Request,
     services: Services,
     principal: CurrentPrincipal,
-    subject_type: Identifier,
-    subject_id: Identifier,
+    subject_type: SubjectTypePath,
+    subject_id: SubjectIdPath,
     purpose: PurposeParam,
     exact: Filters,
     limit: LimitParam = 50,
@@ -174,7 +180,7 @@ async def recall(
 
 
 @router.get(
-    "/subjects/{subject_type}/{subject_id}/search",
+    "/subjects/{subject_type:segment}/{subject_id:segment}/search",
     response_model=MemoryList,
     responses=_SEARCH_ERRORS,
     summary="Semantic search: a subject's memories nearest to a text",
@@ -184,8 +190,8 @@ async def search(
     request: Request,
     services: Services,
     principal: CurrentPrincipal,
-    subject_type: Identifier,
-    subject_id: Identifier,
+    subject_type: SubjectTypePath,
+    subject_id: SubjectIdPath,
     purpose: PurposeParam,
     text: Annotated[str, Query(min_length=1, max_length=4096)],
     exact: Filters,
@@ -206,7 +212,7 @@ async def search(
 
 
 @router.get(
-    "/memories/{memory_id}",
+    "/memories/{memory_id:segment}",
     response_model=MemoryDetail,
     responses=_READ_ERRORS,
     summary="One memory with its provenance and full history",
@@ -216,7 +222,7 @@ async def get_memory(
     request: Request,
     services: Services,
     principal: CurrentPrincipal,
-    memory_id: Identifier,
+    memory_id: MemoryIdPath,
     purpose: PurposeParam,
 ) -> MemoryDetail:
     """404 if the key's tenant has no such memory, or it is erased; 403 if the purpose may

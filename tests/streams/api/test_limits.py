@@ -3,8 +3,10 @@ key's rate, 413 past the body bound, /healthz, /readyz and /metrics."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import httpx
 import pytest
 from conftest import Env
 
@@ -28,6 +30,35 @@ def test_a_key_past_its_rate_gets_429_with_retry_after(api_env: Env, serve_api: 
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
     with server.client(other.token) as client:  # per key: the other's allowance is whole
         assert client.get(path, params={"purpose": "support"}).status_code == 200
+
+
+def test_failed_authentications_are_limited_per_client_address(
+    api_env: Env, serve_api: Any
+) -> None:
+    """Past MEMPROJ_API_LOGIN_RATE_LIMIT failures, an address is refused (429) before its key
+    is looked up, a valid key included; another address is not."""
+    server: ApiServer = serve_api(api_env, api_login_rate_limit="3/minute")
+    tenant = server.tenant()
+    server.set_purpose(tenant, "support")
+    key = server.create_key(tenant, ["support"])
+    wrong = key.token[:-6] + ("A" if key.token[-6] != "A" else "B") + key.token[-5:]
+    path, params = "/v1/subjects/user/alice/memories", {"purpose": "support"}
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        failed = [
+            client.get(path, params=params, headers={"Authorization": f"Bearer {token}"})
+            for token in (wrong, "mpk_not_a_key", wrong)
+        ]
+        assert [answer.status_code for answer in failed] == [401, 401, 401]
+        for token in (wrong, key.token):
+            limited = client.get(path, params=params, headers={"Authorization": f"Bearer {token}"})
+            assert limited.status_code == 429, limited.text
+            assert limited.json()["error"]["code"] == "rate_limited"
+            assert 1 <= int(limited.headers["Retry-After"]) <= 60
+        assert client.get(path, params=params).status_code == 429  # no key at all
+    elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=server.url, timeout=30, transport=elsewhere) as client:
+        answer = client.get(path, params=params, headers={"Authorization": f"Bearer {key.token}"})
+        assert answer.status_code == 200, answer.text
 
 
 def test_an_oversized_body_gets_413(api: ApiServer) -> None:
@@ -71,3 +102,19 @@ def test_replicas_share_a_keys_rate_in_redis(api_env: Env, serve_api: Any) -> No
         with server.client(key.token) as client:
             statuses.append(client.get(path, params={"purpose": "support"}).status_code)
     assert statuses == [200, 200, 200, 429]
+
+
+def test_invented_methods_are_one_label_value(api_env: Env, serve_api: Any) -> None:
+    """The server accepts any token as a method; without a key, a thousand invented ones must
+    not make a thousand series."""
+    server: ApiServer = serve_api(api_env)
+    paths = ["/healthz", "/v1/memories/m1", "/nowhere"]
+    with server.client() as client:
+        for n in range(1000):
+            client.request(f"INVENTED{n}", paths[n % len(paths)])
+        client.get("/healthz")
+        metrics = client.get("/metrics").text
+    methods = set(re.findall(r'^memproj_api_requests_total\{method="([^"]*)"', metrics, re.M))
+    assert methods == {"GET", "other"}
+    counted = re.findall(r'^memproj_api_requests_total\{method="other".*\} (\S+)$', metrics, re.M)
+    assert sum(float(count) for count in counted) == 1000

@@ -359,8 +359,9 @@ def test_every_read_is_audited_by_ids_never_content(api: ApiServer, events: Even
 
 
 def test_hostile_parameters_are_refused_not_failed(api: ApiServer) -> None:
-    """What PostgreSQL cannot store (NUL) or no name holds (control characters) is a 422,
-    never a 500."""
+    """What PostgreSQL cannot store (NUL), no purpose holds (control characters) or no id
+    holds (past 128 characters) is a 422, never a 500. (A control character is a valid memory
+    scope or kind: the contract allows it, tests/streams/api/test_ids.py.)"""
     tenant = api.tenant()
     api.set_purpose(tenant, "support")
     key = api.create_key(tenant, ["support"])
@@ -368,7 +369,8 @@ def test_hostile_parameters_are_refused_not_failed(api: ApiServer) -> None:
     for params in (
         {"purpose": "sup\x00port"},
         {"purpose": "support", "kind": "a\x00"},
-        {"purpose": "support", "scope": "\x1b[31m"},
+        {"purpose": "sup\x1b[31mport"},
+        {"purpose": "support", "scope": "s" * 129},
         {"purpose": "support", "limit": 0},
         {"purpose": "support", "limit": 10_000},
         {"purpose": "support", "max_age_seconds": "nan"},
