@@ -12,6 +12,12 @@ Two places see an over-long head, depending on how it arrives:
   usually never reads the answer. ``BoundedHeadProtocol`` answers 414 or 431 instead, then
   closes gracefully: it half-closes its side and reads (and drops) what the client is still
   sending, until the client closes or ``LINGER_SECONDS`` pass.
+
+Not public API, pinned: ``BoundedHeadProtocol`` overrides uvicorn 0.54's
+``H11Protocol.send_400_response`` and reads h11 0.16's ``Connection.trailing_data`` and
+``h11._connection.DEFAULT_MAX_INCOMPLETE_EVENT_SIZE`` (``ops/constraints.txt`` pins both).
+``tests/streams/api/test_heads.py`` fails when an upgrade changes any of them (the over-long
+head sent in pieces is then reset or answered 400 again).
 """
 
 from __future__ import annotations
