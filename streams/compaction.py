@@ -37,7 +37,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from mode import Service
 
-from streams.kafka import KafkaTarget, admin_config, consumer_config, producer_config
+from streams.failures import loggable
+from streams.kafka import (
+    KafkaTarget,
+    admin_config,
+    consumer_config,
+    failed,
+    producer_config,
+)
 from streams.metrics import Metrics
 from streams.settings import Settings
 from topics.registry import MEMORY_CURRENT, entity_key
@@ -108,7 +115,7 @@ class KafkaSegmentRoller:
     def partitions(self, topic: str) -> list[int]:
         metadata = self._admin.list_topics(topic, timeout=self._timeout).topics[topic]
         if metadata.error is not None:
-            raise RuntimeError(f"topic {topic}: {metadata.error}")
+            raise failed(metadata.error, f"topic {topic}")
         return sorted(metadata.partitions)
 
     def last_record(self, topic: str, partition: int) -> LastRecord | None:
@@ -174,7 +181,9 @@ class SegmentRoller(Service):
                     await asyncio.to_thread(self.roll_quiet_partitions, topic)
                 except Exception as exc:
                     # The broker away, say: the next round tries again; the worker goes on.
-                    log.warning("segment roll check of %s failed, retried: %s", topic, exc)
+                    log.warning(
+                        "segment roll check of %s failed, retried: %s", topic, loggable(exc)
+                    )
                     self._metrics.compaction_roll_errors.labels(topic, type(exc).__name__).inc()
 
     def roll_quiet_partitions(self, topic: str) -> list[int]:

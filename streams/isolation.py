@@ -23,7 +23,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import LetterKeys, PostgresLetterKeys
 from projections.deadletters.sealing import DeadLetterMessage, LetterSealer, Position, letter_keys
 from projections.sealing.crypto import MasterKeys
-from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify
+from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify, error_code
 from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage
 from topics.outputs import KEY_MAX_CHARS, ORIGINAL_MAX_BYTES, DeadLetter, DeadLetterReason
@@ -39,7 +39,8 @@ class StageFailed(Exception):
     """A message failure, tagged with the stage of the work where it happened."""
 
     def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+        # The cause's text is the dead letter's sealed detail, never this exception's.
+        super().__init__(f"{stage}: {type(cause).__name__}")
         self.stage = stage
         self.cause = cause
 
@@ -65,12 +66,14 @@ class stage:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why one message could not be applied."""
+    """Why one message could not be applied: ``detail`` (the exception's text, which may
+    quote the message) goes sealed into the dead letter, ``loggable()`` to the log."""
 
     code: DeadLetterReason
     stage: str
     error_class: str
     detail: str
+    error_code: str | None = None  # content-free (streams.failures.error_code)
 
     @classmethod
     def of(cls, exc: BaseException, default_stage: str = "apply") -> Failure:
@@ -82,14 +85,20 @@ class Failure:
             if isinstance(exc, UNSTORABLE)
             else DeadLetterReason.PROCESSING_FAILED
         )
-        return cls(code, stage_name, type(exc).__name__, str(exc)[:1000])
+        return cls(code, stage_name, type(exc).__name__, str(exc)[:1000], error_code(exc))
 
     @property
     def signature(self) -> tuple[str, str]:
         return (self.stage, self.error_class)
 
     def describe(self) -> str:
+        """The whole failure, detail included: for the sealed letter only."""
         return f"{self.stage}: {self.error_class}: {self.detail}"
+
+    def loggable(self) -> str:
+        """The stage, the class and the content-free code: what a log line may say."""
+        code = f" [{self.error_code}]" if self.error_code else ""
+        return f"{self.stage}: {self.error_class}{code}"
 
 
 def message_failure(exc: BaseException, default_stage: str = "apply") -> Failure:
@@ -154,7 +163,7 @@ class CircuitBreaker:
                 example = next((f for f in failures if f.signature == signature), failures[0])
                 raise SystemicFailure(
                     f"{self.name}: circuit breaker tripped: {count} of the last"
-                    f" {len(observed)} messages failed the same way ({example.describe()});"
+                    f" {len(observed)} messages failed the same way ({example.loggable()});"
                     " stopping instead of dead-lettering the stream"
                 )
         self._recent.extend(current)
@@ -287,12 +296,12 @@ class Isolation:
         letters = []
         for message, failure in failed:
             log.warning(
-                "%s: %s[%d]@%d failed (%s): dead-lettered",
+                "%s: %s[%d]@%d failed (%s): dead-lettered, the detail sealed in the letter",
                 self.breaker.name,
                 message.topic,
                 message.partition,
                 message.offset,
-                failure.describe(),
+                failure.loggable(),
             )
             self._observer.dead_lettered(message.topic, failure.code.value)
             letters.append(self.dead_letters.failed(message, failure))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +21,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from projections.bookkeeping import OutboxMessage
-from streams.kafka_security import KafkaCluster
+from streams.kafka_security import KafkaCluster, KafkaSecurityError
 from topics.messages import InputMessage, header_pairs
 from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
+
+log = logging.getLogger(__name__)
 
 
 class PublishFailed(RuntimeError):
@@ -31,6 +35,12 @@ class PublishFailed(RuntimeError):
 # Where a client connects: the settings' ``KafkaCluster`` (``Settings.kafka``: bootstrap and
 # security), or a bare bootstrap string, which means PLAINTEXT (tests and the local demo).
 KafkaTarget = KafkaCluster | str
+
+
+def failed(error: KafkaError, where: str) -> KafkaException:
+    """``error`` (met reading a message or metadata) as a client raises it, saying where:
+    its code kept, so that a refusal is told as one (``KafkaCluster.unavailable``)."""
+    return KafkaException(KafkaError(error.code(), f"{where}: {error.str()}"))
 
 
 def as_cluster(target: KafkaTarget) -> KafkaCluster:
@@ -112,7 +122,7 @@ class KafkaPublisher:
                 except BufferError:
                     # The local queue is full: let deliveries drain it, then go on.
                     self._producer.poll(0.1)
-        remaining = self._producer.flush(timeout)
+        remaining = self._flush(timeout)
         if remaining:
             # Wait until nothing is in flight before failing (librdkafka fails a message by
             # ``message.timeout.ms`` at the latest): a caller that gives up releases the
@@ -122,6 +132,15 @@ class KafkaPublisher:
             raise PublishFailed(f"{remaining} messages not delivered within {timeout}s")
         if errors:
             raise PublishFailed(f"{len(errors)} messages failed: {errors[0]}")
+
+    def _flush(self, timeout: float) -> int:
+        """``flush`` in steps: the error callback's ``KafkaSecurityError`` (Kafka refusing
+        the producer) surfaces at the end of the step that served it, not of ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = self._producer.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+            if not remaining or time.monotonic() >= deadline:
+                return int(remaining)
 
     async def publish(self, messages: Sequence[OutboxMessage]) -> None:
         if messages:
@@ -138,16 +157,25 @@ class DeliveringProducer:
     caller's event loop, so that no caller waits for other callers' messages (as a ``flush``
     would). librdkafka gives up on a message after ``delivery_timeout`` seconds, and
     ``deliver`` waits at most that long (a bit more): a failed or timed-out delivery raises
-    ``PublishFailed``."""
+    ``PublishFailed``.
+
+    Kafka refusing the producer (a wrong password, an untrusted certificate) does not end
+    that thread: librdkafka keeps reconnecting, the refusal is kept for ``answer`` (the API's
+    readiness) until Kafka answers or delivers again, and messages wait for it as for a
+    broker that is away."""
 
     def __init__(
         self, bootstrap: KafkaTarget, delivery_timeout: float = 30.0, **overrides: object
     ) -> None:
+        cluster = as_cluster(bootstrap)
         self._timeout = delivery_timeout
+        # Written by the poller thread (the error callback), read by ``answer``.
+        self._refused: KafkaSecurityError | None = None
         self._producer = Producer(
             producer_config(
-                bootstrap,
+                cluster,
                 **{"linger.ms": 1, "delivery.timeout.ms": int(delivery_timeout * 1000)},
+                error_cb=cluster.error_callback(self._on_refused),
                 **overrides,
             )
         )
@@ -157,7 +185,34 @@ class DeliveringProducer:
 
     def _poll(self) -> None:
         while not self._closing.is_set():
-            self._producer.poll(0.1)
+            try:
+                self._producer.poll(0.1)
+            except Exception as exc:  # a callback that failed: the thread serves on
+                log.error("kafka-delivery: a callback failed (%s)", type(exc).__name__)
+
+    def _on_refused(self, refused: KafkaSecurityError) -> None:
+        if self._refused is None:
+            log.error("%s: writes wait until Kafka accepts the producer (not ready)", refused)
+        self._refused = refused
+
+    def _accepted(self) -> None:
+        if self._refused is not None:
+            self._refused = None
+            log.warning("Kafka accepts the producer again (ready)")
+
+    def answer(self, timeout: float) -> str | None:
+        """None if Kafka answers a metadata request over this producer's connections now;
+        else why not, naming no host: the refusal librdkafka reported, or no answer."""
+        try:
+            self._producer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            refused = self._refused
+            if refused is not None:
+                return f"refused ({refused.reason})"
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            return f"unreachable ({error.name() if error is not None else type(exc).__name__})"
+        self._accepted()
+        return None
 
     async def deliver(
         self, topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
@@ -170,6 +225,8 @@ class DeliveringProducer:
                 delivered.set_result(error)
 
         def on_delivery(error: KafkaError | None, _message: object) -> None:
+            if error is None:
+                self._accepted()
             loop.call_soon_threadsafe(settle, error)
 
         while True:

@@ -6,9 +6,14 @@ built once from the settings into the configuration of every client memproj crea
 - ``client_config()``: the librdkafka settings every confluent-kafka Producer, Consumer and
   AdminClient starts from (``streams.kafka.producer_config`` and friends merge it in), with an
   ``error_cb`` that turns an authentication or TLS failure into ``KafkaSecurityError``, raised
-  from the client's next ``poll``/``flush``: librdkafka itself would retry it forever;
+  from the client's next ``poll``/``flush``: librdkafka itself would retry it forever (a
+  client that outlives a refusal, the API's producer, reports it instead: ``error_callback``);
 - ``check_connection()``: a metadata request that fails within seconds naming the cause
-  (wrong password, untrusted certificate, unreachable broker), run before a worker starts.
+  (wrong password, untrusted certificate, missing ACL, unreachable broker), run before a
+  worker starts and before every CLI command that talks to Kafka;
+- ``unavailable()``: any error of a Kafka request as one line naming the cluster and the cause.
+
+Whether a Kafka error is a refusal is decided here only (``fatal_cause``, ``refusal``).
 
 A password lives in a ``SecretStr``: it is in no ``repr``, no log line and no error message.
 """
@@ -48,9 +53,23 @@ class SaslMechanism(enum.StrEnum):
     SCRAM_SHA_512 = "SCRAM-SHA-512"
 
 
-class KafkaSecurityError(RuntimeError):
-    """Kafka refused memproj's credentials or certificate, or memproj refused the broker's:
-    retrying cannot help, so the command or worker stops."""
+class KafkaUnavailable(RuntimeError):
+    """memproj cannot use Kafka; the message names the cluster and the cause, and quotes
+    nothing a message held (a log line or a command's one line of output may carry it)."""
+
+
+class KafkaSecurityError(KafkaUnavailable):
+    """Kafka refused memproj's credentials, certificate or ACLs, or memproj refused the
+    broker's certificate: retrying cannot help, so the command or worker stops. ``reason``
+    says which, naming no host or principal (what the API's readiness shows)."""
+
+    def __init__(self, message: str, reason: str = "refused") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class KafkaUnreachable(KafkaUnavailable):
+    """No broker answered in time, or a request failed for another reason than a refusal."""
 
 
 class KafkaSecurityConfigError(ValueError):
@@ -120,25 +139,41 @@ class KafkaSecurity:
         return config
 
 
-def fatal_cause(error: KafkaError) -> str | None:
-    """Why ``error`` cannot go away by retrying (authentication or TLS), or None if it can.
+# What librdkafka reports when a connection is refused, as a short reason naming no host:
+# a refused SASL login is ``_AUTHENTICATION``, a failed TLS handshake (untrusted certificate,
+# wrong hostname) ``_SSL``; both are "transient" to librdkafka, so it reconnects forever.
+_FATAL = {
+    KafkaError._AUTHENTICATION: "authentication failed (wrong username or password?)",
+    KafkaError._SSL: "TLS handshake failed (untrusted or mismatched certificate?)",
+    KafkaError.SASL_AUTHENTICATION_FAILED: "authentication failed",
+    KafkaError.UNSUPPORTED_SASL_MECHANISM: "authentication failed",
+    KafkaError.ILLEGAL_SASL_STATE: "authentication failed",
+}
+# Authorization errors come back with the request that was refused and end it there.
+_AUTHORIZATION = {
+    code: "authorization failed (the principal needs ACLs)"
+    for code in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    )
+}
 
-    librdkafka reports a refused SASL login as ``_AUTHENTICATION`` and a failed TLS
-    handshake (untrusted certificate, wrong hostname) as ``_SSL``; both are "transient" to
-    it, so it reconnects forever. Authorization errors come back with the request that was
-    refused and end it there: they need no callback."""
+
+def fatal_cause(error: KafkaError) -> str | None:
+    """Why ``error`` cannot go away by retrying (authentication or TLS), or None if it can:
+    what a client's ``error_cb`` must not leave to librdkafka's reconnecting."""
+    reason = _FATAL.get(error.code())
+    return None if reason is None else f"{reason}: {error.str()}"
+
+
+def refusal(error: KafkaError) -> tuple[str, str] | None:
+    """Whether Kafka refuses memproj (``fatal_cause``, or an ACL refusing a request): the
+    short reason and the whole cause, or None."""
     code = error.code()
-    if code == KafkaError._AUTHENTICATION:
-        return f"authentication failed (wrong username or password?): {error.str()}"
-    if code == KafkaError._SSL:
-        return f"TLS handshake failed (untrusted or mismatched certificate?): {error.str()}"
-    if code in (
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError.UNSUPPORTED_SASL_MECHANISM,
-        KafkaError.ILLEGAL_SASL_STATE,
-    ):
-        return f"authentication failed: {error.str()}"
-    return None
+    reason = _FATAL.get(code) or _AUTHORIZATION.get(code)
+    return None if reason is None else (reason, f"{reason}: {error.str()}")
 
 
 _COORDINATOR_STARTING = (
@@ -160,17 +195,39 @@ class KafkaCluster:
             f"Kafka at {self.bootstrap} over {self.security.protocol} as {self.security.principal}"
         )
 
-    def error_callback(self) -> Callable[[KafkaError], None]:
+    def error_callback(
+        self, on_refused: Callable[[KafkaSecurityError], None] | None = None
+    ) -> Callable[[KafkaError], None]:
         """An ``error_cb`` raising ``KafkaSecurityError`` for the errors a retry cannot fix;
-        confluent-kafka raises it from the ``poll``/``flush`` that served the callback."""
+        confluent-kafka raises it from the ``poll``/``flush`` that served the callback. With
+        ``on_refused``, it hands the error to it instead: for a client that keeps serving
+        while librdkafka keeps reconnecting (the API's producer), until Kafka accepts it."""
         where = self.describe()
 
         def on_error(error: KafkaError) -> None:
-            cause = fatal_cause(error)
-            if cause is not None:
-                raise KafkaSecurityError(f"{where}: {cause}")
+            reason = _FATAL.get(error.code())
+            if reason is None:
+                return
+            refused = KafkaSecurityError(f"{where}: {reason}: {error.str()}", reason)
+            if on_refused is None:
+                raise refused
+            on_refused(refused)
 
         return on_error
+
+    def unavailable(self, error: KafkaError | KafkaException) -> KafkaUnavailable:
+        """``error`` (of any request to this cluster) as one line naming the cluster and the
+        cause: ``KafkaSecurityError`` for a refusal, ``KafkaUnreachable`` otherwise."""
+        if isinstance(error, KafkaException):
+            first = error.args[0] if error.args else None
+            if not isinstance(first, KafkaError):
+                return KafkaUnreachable(f"{self.describe()}: {first}")
+            error = first
+        refused = refusal(error)
+        if refused is not None:
+            reason, cause = refused
+            return KafkaSecurityError(f"{self.describe()}: {cause}", reason)
+        return KafkaUnreachable(f"{self.describe()}: {error.name()}: {error.str()}")
 
     def client_config(self) -> dict[str, Any]:
         """What every confluent-kafka client memproj builds starts from (``Any``: the type
@@ -184,16 +241,21 @@ class KafkaCluster:
     def check_connection(self, timeout: float = 20.0, group: str | None = None) -> ClusterMetadata:
         """One metadata request, tried until ``timeout``: returns the metadata, or raises
         ``KafkaSecurityError`` as soon as librdkafka reports an authentication or TLS failure
-        (within a second or two) and ``KafkaException`` naming the cluster after ``timeout``.
-        With ``group``, the principal must also be allowed to describe that consumer group
-        (a worker's own): an authorization failure is named, not retried."""
+        (within a second or two) and ``KafkaUnreachable`` naming the cluster after
+        ``timeout``. With ``group``, the principal must also be allowed to describe that
+        consumer group (a worker's own): an authorization failure is named, not retried."""
         metadata = self._metadata(timeout)
         if group is not None:
             self._check_group(group, timeout)
         return metadata
 
+    def _check_config(self) -> dict[str, Any]:
+        # The check raises what it found, named: librdkafka's own log lines (one per failed
+        # connection, on stderr) would only repeat it.
+        return {**self.client_config(), "log_level": 0}
+
     def _check_group(self, group: str, timeout: float) -> None:
-        admin = AdminClient(self.client_config())
+        admin = AdminClient(self._check_config())
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -204,17 +266,18 @@ class KafkaCluster:
                 if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                     raise KafkaSecurityError(
                         f"{self.describe()}: not authorized for consumer group {group!r} "
-                        "(the principal needs Read and Describe on it: ACLs)"
+                        "(the principal needs Read and Describe on it: ACLs)",
+                        _AUTHORIZATION[KafkaError.GROUP_AUTHORIZATION_FAILED],
                     ) from None
                 # A new cluster has no group coordinator until __consumer_offsets exists.
                 if error.code() not in _COORDINATOR_STARTING or time.monotonic() > deadline:
-                    raise
+                    raise self.unavailable(error) from None
             time.sleep(0.2)
 
     def _metadata(self, timeout: float) -> ClusterMetadata:
-        causes: list[str] = []
-        config = self.client_config()
-        config["error_cb"] = lambda error: causes.append(fatal_cause(error) or "")
+        refusals: list[KafkaSecurityError] = []
+        config = self._check_config()
+        config["error_cb"] = self.error_callback(refusals.append)
         admin = AdminClient(config)
         deadline = time.monotonic() + timeout
         last: KafkaException | None = None
@@ -224,7 +287,7 @@ class KafkaCluster:
             except KafkaException as exc:
                 last = exc
             admin.poll(0)  # serves the error callback
-            fatal = [cause for cause in causes if cause]
-            if fatal:
-                raise KafkaSecurityError(f"{self.describe()}: {fatal[0]}")
-        raise KafkaException(f"{self.describe()}: no answer within {timeout:g}s ({last})")
+            if refusals:
+                raise refusals[0]
+        answer = last.args[0].str() if last is not None and last.args else "none"
+        raise KafkaUnreachable(f"{self.describe()}: no answer within {timeout:g}s ({answer})")

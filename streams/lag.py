@@ -35,7 +35,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from streams.kafka import KafkaTarget, admin_config, consumer_config
+from streams.kafka import KafkaTarget, admin_config, consumer_config, failed
 
 Position = tuple[str, int]  # (topic, partition)
 Probe = tuple[str, int, int]  # (topic, partition, offset)
@@ -201,7 +201,7 @@ def _probe_round(
             start = pending[(topic, partition)]
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise RuntimeError(f"probe of {topic}[{partition}]: {error}")
+                raise failed(error, f"probe of {topic}[{partition}]")
             if offset is not None and 0 <= offset < start:
                 continue  # fetched for an earlier assignment of this partition
             key = (topic, partition, start)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
-from streams.failures import retry_transient
+from streams.failures import loggable, retry_transient
 from streams.isolation import CircuitBreaker, Isolation
 from topics.messages import InputMessage
 
@@ -247,7 +247,7 @@ class BatchLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.critical("%s: stopping the worker: %s", self.handler.name, exc)
+                log.critical("%s: stopping the worker: %s", self.handler.name, loggable(exc))
                 await self._stop(exc)
                 return False
 
@@ -283,7 +283,7 @@ class BatchLoop:
                     publishing.cancel()
                 raise
             except Exception as exc:
-                log.critical("%s: stopping the worker: %s", self.handler.name, exc)
+                log.critical("%s: stopping the worker: %s", self.handler.name, loggable(exc))
                 await self._stop(exc)
                 raise
 

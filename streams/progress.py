@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn
-from streams.kafka import KafkaTarget, admin_config, consumer_config
+from streams.kafka import KafkaTarget, admin_config, consumer_config, failed
 from streams.lag import first_visible, watermarks
 from topics.registry import SEALED_TOPICS, TopicNames, TopicSpec
 
@@ -31,7 +31,7 @@ def end_offsets(bootstrap: KafkaTarget, topic: str, timeout: float = 10.0) -> di
     admin = AdminClient(admin_config(bootstrap))
     metadata = admin.list_topics(topic, timeout=timeout).topics[topic]
     if metadata.error is not None:
-        raise RuntimeError(f"topic {topic}: {metadata.error}")
+        raise failed(metadata.error, f"topic {topic}")
     marks = watermarks(admin, ((topic, partition) for partition in metadata.partitions), timeout)
     return {partition: end for (_, partition), (_, end) in marks.items()}
 

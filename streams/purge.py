@@ -37,7 +37,8 @@ from projections.deletion.purge import (
     trimmed_past,
 )
 from projections.stores import DerivedStore
-from streams.kafka import KafkaTarget, consumer_config
+from streams.failures import loggable
+from streams.kafka import KafkaTarget, consumer_config, failed
 from streams.settings import Settings
 from topics.registry import CONVERSATION_EVENTS, MEMORY_CURRENT, MEMORY_EVENTS, entity_key
 
@@ -93,7 +94,7 @@ class KafkaLog:
             for topic in topics:
                 metadata = consumer.list_topics(topic, timeout=self._timeout).topics[topic]
                 if metadata.error is not None:
-                    raise RuntimeError(f"topic {topic}: {metadata.error}")
+                    raise failed(metadata.error, f"topic {topic}")
                 found[topic] = {
                     str(partition): consumer.get_watermark_offsets(
                         TopicPartition(topic, partition), timeout=self._timeout
@@ -272,7 +273,9 @@ class PurgeRound:
             purged = await check.purged(due)
         except Exception as exc:
             # One place failing (the broker away) holds back its deletions only.
-            log.warning("purge check of %s failed, retried next round: %s", check.place, exc)
+            log.warning(
+                "purge check of %s failed, retried next round: %s", check.place, loggable(exc)
+            )
             return
         if purged:
             await lifecycle.mark_purged(conn, check.place, purged, self._clock())

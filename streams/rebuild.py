@@ -49,20 +49,22 @@ from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult, MemoryKey
-from streams.failures import retry_transient
+from streams.failures import Explained, retry_transient
 from topics.codec import InvalidMessage
 from topics.memory import MemoryEvent
 from topics.messages import InputMessage
 from topics.outputs import MemoryRecord
 
 
-class ReplayStopped(RuntimeError):
+class ReplayStopped(Explained, RuntimeError):
     """The rebuild cannot go on or cannot swap: the log holds a message it cannot apply (e.g.
-    an unknown schema version), or a worker still writes the store it would replace."""
+    an unknown schema version), or a worker still writes the store it would replace. Its text
+    names the message by position and code, never by what it holds."""
 
 
 def cannot_apply(topic: str, partition: int, offset: int, code: str, error: str) -> ReplayStopped:
-    """What stops a rebuild at a message it cannot apply: live, a dead letter."""
+    """What stops a rebuild at a message it cannot apply: live, a dead letter. ``error`` is
+    content-free (a dead letter's ``error``, an exception's class)."""
     return ReplayStopped(
         f"{topic}[{partition}]@{offset} cannot be applied ({code}: {error}). If it is a newer"
         " schema_version, upgrade memproj (or register an upcaster in topics/schemas.py) and"
@@ -207,7 +209,7 @@ class MemoryRebuild:
                     message.partition,
                     message.offset,
                     invalid.code.value,
-                    invalid.detail,
+                    "the detail may quote the message: withheld",
                 ) from invalid
             events.append(event)  # type: ignore[arg-type]
             positions.setdefault(

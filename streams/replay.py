@@ -49,8 +49,9 @@ from projections.embeddings.vectors import VectorEntry, VectorStore
 from projections.memory.projection import MemoryProjection
 from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
+from streams.failures import Explained, loggable
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
-from streams.kafka import admin_config, consumer_config, input_message
+from streams.kafka import admin_config, consumer_config, failed, input_message
 from streams.metrics import Metrics
 from streams.rebuild import MemoryRebuild, cannot_apply
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
@@ -207,7 +208,7 @@ def read(
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise RuntimeError(f"replay read failed: {error}")
+                raise failed(error, "replay read")
             assert topic is not None and partition is not None and offset is not None
             position = (topic, partition)
             end = wanted.get(position)
@@ -236,7 +237,7 @@ async def _published(conn: Conn, projection: str, seconds: float = 60.0) -> None
     deadline = time.monotonic() + seconds
     while await pending_outbox(conn, projection, limit=1):
         if time.monotonic() > deadline:
-            raise RuntimeError(
+            raise ReplayStopped(
                 f"{projection}: the live worker's outbox is not published after {seconds:.0f} s"
                 " (is it running?): not swapped"
             )
@@ -378,6 +379,10 @@ async def rebuild_share(
             shown(rebuild.applied, mine.partitions_done)
 
 
+class ReaderFailed(Explained, RuntimeError):
+    """A reader process of a rebuild failed; the text says its error by class and code."""
+
+
 class _Reader:
     """Another process applying a share of the partitions (``rebuild_share``), forked from
     the replay: it holds the projection as given (a changed reducer too), opens its own
@@ -424,7 +429,7 @@ class _Reader:
         kind, text = failure
         if kind == "stopped":
             raise ReplayStopped(text)
-        raise RuntimeError(f"a replay reader failed: {text}")
+        raise ReaderFailed(f"a replay reader failed: {text}")
 
     def stop(self) -> None:
         """This reader's process ends (a no-op once it has)."""
@@ -460,7 +465,7 @@ def _read_share(
     except ReplayStopped as stopped:
         outcome.send(("stopped", str(stopped)))
     except BaseException as exc:  # reported to the replay, which raises it
-        outcome.send(("failed", f"{type(exc).__name__}: {exc}"))
+        outcome.send(("failed", loggable(exc)))
     finally:
         consumer.close()
 

@@ -276,7 +276,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
                     "%s: a batch of %d failed (%s): isolating the failing messages",
                     self.projection.name,
                     len(messages),
-                    failure.describe(),
+                    failure.loggable(),
                 )
             async with conn.transaction():
                 return await self._commit_in(conn, messages, isolation, isolate=True)

@@ -35,6 +35,7 @@ from projections.migrate import migrate
 from projections.sealing.probes import ProbeSealer
 from projections.stores.base import VectorShadows
 from streams.consumer import KafkaBatchSource
+from streams.failures import loggable
 from streams.kafka import KafkaPublisher
 from streams.loop import BatchLoop, StopOnce
 from streams.metrics import Metrics
@@ -209,7 +210,7 @@ class BatchConsumers(Service):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the consumer failed (e.g. KafkaSecurityError)
-            log.critical("%s: stopping the worker: %s", loop.handler.name, exc)
+            log.critical("%s: stopping the worker: %s", loop.handler.name, loggable(exc))
             await self.stop_once(exc)
 
     async def commit(self) -> None:

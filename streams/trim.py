@@ -38,6 +38,7 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn, Position, load_offsets
+from streams.failures import loggable
 from streams.kafka import KafkaTarget, admin_config
 from streams.metrics import Metrics
 from streams.runner import Projection
@@ -162,7 +163,7 @@ class RawInputTrimmer(Service):
                 await self.trim_once()
             except Exception as exc:
                 # PostgreSQL away, say: the next round tries again; the worker goes on.
-                log.warning("raw input trim: round failed, retried: %s", exc)
+                log.warning("raw input trim: round failed, retried: %s", loggable(exc))
                 self._metrics.raw_trim_errors.labels("", "transient", type(exc).__name__).inc()
 
     async def trim_once(self) -> dict[Position, int | KafkaError]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -56,15 +57,22 @@ TOPIC_OPERATIONS = (
 GROUP_OPERATIONS = (AclOperation.READ, AclOperation.DESCRIBE)
 
 
-def memproj_acls() -> list[AclBinding]:
+def memproj_acls(
+    principal: str = PRINCIPAL, topic_prefixes: Iterable[str] | None = None
+) -> list[AclBinding]:
+    """``principal``'s ACLs: memproj's topics (or those under ``topic_prefixes``) and groups."""
     # PREFIXED on each base name also covers the topics derived from it (dead letters).
-    topic_patterns = sorted({spec.base_name for spec in ALL_TOPICS} | {TOPIC_PREFIX})
+    topic_patterns = sorted(
+        {spec.base_name for spec in ALL_TOPICS} | {TOPIC_PREFIX}
+        if topic_prefixes is None
+        else set(topic_prefixes)
+    )
     bindings = [
         AclBinding(
             ResourceType.TOPIC,
             pattern,
             ResourcePatternType.PREFIXED,
-            PRINCIPAL,
+            principal,
             "*",
             operation,
             AclPermissionType.ALLOW,
@@ -77,7 +85,7 @@ def memproj_acls() -> list[AclBinding]:
             ResourceType.GROUP,
             GROUP_PREFIX,
             ResourcePatternType.PREFIXED,
-            PRINCIPAL,
+            principal,
             "*",
             operation,
             AclPermissionType.ALLOW,
@@ -87,23 +95,32 @@ def memproj_acls() -> list[AclBinding]:
     return bindings
 
 
+def set_passwords(admin: AdminClient, passwords: Mapping[str, str]) -> None:
+    """Create each SCRAM-SHA-512 user, or change its password (connections already
+    authenticated stay; new ones need the new password)."""
+    upserts: list[UserScramCredentialAlteration] = [
+        UserScramCredentialUpsertion(
+            user,
+            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
+            password.encode(),
+        )
+        for user, password in passwords.items()
+    ]
+    for future in admin.alter_user_scram_credentials(upserts, request_timeout=30).values():
+        future.result()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True, help="the PLAINTEXT listener")
     parser.add_argument("--secure-dir", required=True, type=Path, help="<user>.password files")
     args = parser.parse_args()
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    upserts: list[UserScramCredentialAlteration] = [
-        UserScramCredentialUpsertion(
-            user,
-            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
-            (args.secure_dir / f"{user}.password").read_text().strip().encode(),
-        )
-        for user in USERS
-    ]
     try:
-        for future in admin.alter_user_scram_credentials(upserts, request_timeout=30).values():
-            future.result()
+        set_passwords(
+            admin,
+            {user: (args.secure_dir / f"{user}.password").read_text().strip() for user in USERS},
+        )
         acls = memproj_acls()
         for future in admin.create_acls(acls, request_timeout=30).values():
             future.result()

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from projections.cache.store import Holdings, RedisCache
 from projections.deadletters.sealing import Position
-from streams.failures import FailureKind, classify
+from streams.failures import FailureKind, classify, loggable
 from streams.isolation import Isolation, position, raise_refused, stage
 from streams.runner import Publisher
 from topics.codec import InvalidMessage
@@ -67,7 +67,7 @@ class CacheFreshness:
             log.warning(
                 "cache: invalidating a batch of %d failed (%s); one message at a time",
                 len(stale),
-                exc,
+                loggable(exc),
             )
             handle = self._refresh
         dead = await isolation.each(messages, handle)

@@ -26,7 +26,7 @@ from projections.bookkeeping import OutboxMessage
 from projections.deadletters.sealing import Position
 from projections.stores import STORE_NAMES
 from projections.stores.base import DerivedStore, Erased
-from streams.failures import FailureKind, classify, retry_transient
+from streams.failures import FailureKind, classify, loggable, retry_transient
 from streams.isolation import Isolation, position, raise_refused, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher
@@ -83,7 +83,7 @@ class TombstoneHandler:
                 "%s: a batch of %d tombstones failed (%s); honouring them one at a time",
                 self.store.name,
                 len(ours),
-                exc,
+                loggable(exc),
             )
             handle = self.handle
         dead = await isolation.each(messages, handle, "erase")
@@ -135,12 +135,13 @@ class TombstoneHandler:
             except Exception as exc:
                 kind = classify(exc)
                 if kind is not FailureKind.MESSAGE or alone:
+                    # The ack is published and kept in the ledger: no text that may quote.
                     await self._acknowledge(
-                        [self._ack(t, "failed", 0, attempt, str(exc)[:500]) for t in pending]
+                        [self._ack(t, "failed", 0, attempt, loggable(exc)[:500]) for t in pending]
                     )
                 if kind is not FailureKind.TRANSIENT:
                     raise
-                await self._back_off(attempt, pending, str(exc))
+                await self._back_off(attempt, pending, loggable(exc))
                 continue
             unverified = [(t, e) for t, e in zip(pending, erased, strict=True) if e.reachable]
             done += [

@@ -3,7 +3,9 @@
 Routes raise ``ApiError``; FastAPI's own refusals (validation, unknown route, wrong method)
 and anything unexpected are turned into the same body, so a client parses one shape for
 400, 401, 403, 404, 413, 422, 429 and 5xx alike. A 5xx never carries the exception's text
-(it can name hosts or values), only its code.
+(it can name hosts or values), only its code; the log names the route's template and the
+exception's class and code (``streams.failures.loggable``): a path carries ids, and the log is
+a place no erasure reaches.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from projections.embeddings.vectors import VectorStoreRefused
+from streams.api.metrics import route_template
+from streams.failures import loggable
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +109,7 @@ def install(app: FastAPI) -> None:
     async def _vectors_refused(request: Request, exc: VectorStoreRefused) -> JSONResponse:
         # Not the request's fault and not a bug: the store needs its worker or a rebuild. The
         # detail (paths, models, the command to run) is for the operator's log.
-        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        log.warning("%s %s: %s", request.method, _route(request), loggable(exc))
         return error_response(
             503,
             "vector_store_unavailable",
@@ -114,5 +118,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
+        log.exception("%s %s failed: %s", request.method, _route(request), loggable(exc))
         return error_response(500, "internal_error", f"internal error ({type(exc).__name__})")
+
+
+def _route(request: Request) -> str:
+    return route_template(request.app, request.scope)

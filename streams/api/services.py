@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 
-from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
@@ -25,7 +24,7 @@ from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
 from streams.api.limits import RateLimit
 from streams.api.metrics import ApiMetrics
-from streams.kafka import DeliveringProducer, admin_config
+from streams.kafka import DeliveringProducer
 from streams.services import build_embedder, make_pool, open_vector_store
 from streams.settings import Settings
 
@@ -76,10 +75,6 @@ class ApiServices:
             )
         return self._producer
 
-    @cached_property
-    def _admin(self) -> AdminClient:
-        return AdminClient(admin_config(self.settings.kafka))
-
     async def start(self) -> None:
         # Loaded before the first request, not by it (wordllama takes a second).
         await asyncio.to_thread(lambda: self.embedder)
@@ -105,16 +100,11 @@ class ApiServices:
         return None
 
     async def kafka_ready(self) -> str | None:
-        """None if a broker answers a metadata request."""
-
-        def check() -> None:
-            self._admin.list_topics(timeout=KAFKA_CHECK_TIMEOUT_SECONDS)
-
-        try:
-            await asyncio.to_thread(check)
-        except Exception as exc:
-            return f"unreachable ({type(exc).__name__})"
-        return None
+        """None if a broker answers the producer's metadata request; else why not: refused
+        (authentication, TLS) or unreachable. Asked of the producer the writes go through,
+        so that readiness recovers when Kafka accepts that producer again."""
+        producer = self.producer  # made on the event loop: one producer, however many ask
+        return await asyncio.to_thread(producer.answer, KAFKA_CHECK_TIMEOUT_SECONDS)
 
 
 def build_services(settings: Settings, registry: CollectorRegistry | None = None) -> ApiServices:

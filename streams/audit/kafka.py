@@ -28,7 +28,8 @@ from streams.audit.plaintext import (
     topic_kind,
     within_window,
 )
-from streams.kafka import KafkaTarget, consumer_config
+from streams.failures import Explained
+from streams.kafka import KafkaTarget, consumer_config, failed
 from topics.messages import header_pairs
 from topics.registry import TopicNames, TopicSpec
 
@@ -39,6 +40,10 @@ POLL_SECONDS = 0.05
 # A partition that yields nothing for this long although it is not at its end is an error:
 # the audit never reports "clean" for a log it did not read to the end.
 STALL_SECONDS = 30.0
+
+
+class StoppedShort(Explained, RuntimeError):
+    """A topic's partitions stopped yielding records before their end offsets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,7 @@ async def scan_topic(
                 error, partition = message.error(), message.partition() or 0
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"reading {topic.name}[{partition}]: {error}")
+                        raise failed(error, f"reading {topic.name}[{partition}]")
                     ends.pop(partition, None)  # the end: the rest are control records
                     continue
                 if partition not in ends or (message.offset() or 0) >= ends[partition]:
@@ -141,7 +146,7 @@ async def scan_topic(
             if batch:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > STALL_SECONDS:
-                raise RuntimeError(f"{topic.name}: partitions {sorted(ends)} stopped short")
+                raise StoppedShort(f"{topic.name}: partitions {sorted(ends)} stopped short")
             for opener in openers:
                 await opener.prepare(records)
             for record in records:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from streams.failures import loggable
 from topics.registry import (
     CONVERSATION_MESSAGES,
     SEALED_TOPICS,
@@ -272,7 +273,9 @@ class Report:
             finding.examples.append(self.matcher.redact(hit.example))
 
     def error(self, where: str, error: BaseException | str) -> None:
-        self.errors.append(self.matcher.redact(f"{where}: {error}"))
+        # An exception by class and code: its text may quote what the audit was reading.
+        said = loggable(error) if isinstance(error, BaseException) else error
+        self.errors.append(self.matcher.redact(f"{where}: {said}"))
 
     def source(self, name: str) -> Scanned:
         return self.scanned.setdefault(name, Scanned())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
 from streams.cli.conversation import conversation
@@ -17,7 +16,8 @@ from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
 from streams.cli.replay import offsets, replay
 from streams.cli.serve import serve
-from streams.kafka_security import KafkaSecurityError
+from streams.kafka_security import KafkaUnavailable
+from streams.logs import install as install_content_free_logging
 from streams.settings import DevelopmentKeyRefused, Settings
 
 
@@ -60,28 +60,10 @@ for command in (
     cli.add_command(command)
 
 
-# Broker refusals a command cannot retry away: one line naming the cause, not a traceback.
-_REFUSED = frozenset(
-    {
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError._AUTHENTICATION,
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-    }
-)
-
-
 def main() -> None:
+    install_content_free_logging()
     try:
         cli()
-    except (DevelopmentKeyRefused, KafkaSecurityError) as exc:
+    except (DevelopmentKeyRefused, KafkaUnavailable) as exc:
+        # One line naming the cause (and for Kafka the broker), never a traceback.
         raise SystemExit(f"memproj: {exc}") from None
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-        if error is None or error.code() not in _REFUSED:
-            raise
-        raise SystemExit(
-            f"memproj: Kafka refused the request ({error.name()}: {error.str()}):"
-            " check the principal's credentials and ACLs"
-        ) from None

@@ -9,7 +9,8 @@ import click
 
 from streams.audit.plaintext import InvalidMarker, Matcher
 from streams.audit.run import Source, audit_plaintext
-from streams.cli.common import echo_json, settings_of
+from streams.cli.common import check_kafka, echo_json, settings_of
+from streams.failures import loggable
 
 
 @click.command("plaintext")
@@ -49,17 +50,13 @@ def plaintext(
         matcher = Matcher.of(marker)
     except InvalidMarker as error:
         raise click.UsageError(str(error)) from None
+    chosen = [Source(s) for s in sources] or list(Source)
     try:
-        report = asyncio.run(
-            audit_plaintext(
-                settings,
-                marker,
-                schemas=schemas,
-                sources=[Source(s) for s in sources] or tuple(Source),
-            )
-        )
-    except Exception as error:  # every failure: exit 2, and never with the marker in it
-        click.echo(f"audit failed: {matcher.redact(f'{type(error).__name__}: {error}')}", err=True)
+        if Source.KAFKA in chosen:
+            check_kafka(settings)  # Kafka refusing or away: one line within seconds, exit 2
+        report = asyncio.run(audit_plaintext(settings, marker, schemas=schemas, sources=chosen))
+    except Exception as error:  # every failure: exit 2, quoting nothing (the marker least)
+        click.echo(f"audit failed: {matcher.redact(loggable(error))}", err=True)
         raise SystemExit(2) from None
     if as_json:
         echo_json(report.to_json())

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import click
 import orjson
 import psycopg
+from confluent_kafka import KafkaException
 
 from projections.bookkeeping import Conn
 from streams.settings import Settings
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+# How long a command waits for a broker to answer at all; a refusal is named within seconds.
+KAFKA_CHECK_TIMEOUT_SECONDS = 20.0
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -32,3 +38,35 @@ def with_connection(settings: Settings, work: Callable[[Conn], Awaitable[T]]) ->
             return await work(conn)
 
     return asyncio.run(run())
+
+
+def check_kafka(settings: Settings, group: str | None = None) -> None:
+    """The workers' startup check (``KafkaCluster.check_connection``), for a command: a
+    wrong password, an untrusted CA or a missing ACL (on ``group`` too, if given) raises
+    ``KafkaSecurityError`` within seconds, no answer ``KafkaUnreachable``; ``main`` prints
+    either as one line naming the broker and the cause."""
+    settings.kafka.check_connection(KAFKA_CHECK_TIMEOUT_SECONDS, group)
+
+
+def talks_to_kafka(
+    group_of: Callable[[Settings, dict[str, Any]], str] | None = None,
+) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """For a command that talks to Kafka: ``check_kafka`` before it runs (with the consumer
+    group ``group_of(settings, params)`` names), and any Kafka error it raises later as the
+    same one line (``KafkaCluster.unavailable``) instead of a traceback."""
+
+    def decorate(command: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(command)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> T:
+            ctx = click.get_current_context()
+            settings = settings_of(ctx)
+            check_kafka(settings, None if group_of is None else group_of(settings, ctx.params))
+            try:
+                return command(*args, **kwargs)
+            except KafkaException as exc:
+                raise settings.kafka.unavailable(exc) from None
+
+        checked.talks_to_kafka = True  # type: ignore[attr-defined]  # (tests list them)
+        return checked
+
+    return decorate

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 from projections.bookkeeping import Conn
 from projections.deletion import queries
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
 from streams.kafka import producer_config
@@ -41,10 +41,20 @@ def request_deletion(
         )
     except InvalidDeletionRequest as exc:
         raise click.BadParameter(str(exc)) from None
+    refused: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            refused.append(error)
+
     producer = Producer(producer_config(settings.kafka))
-    producer.produce(settings.topics.name(DELETION_REQUESTS), request.value, request.key)
+    producer.produce(
+        settings.topics.name(DELETION_REQUESTS), request.value, request.key, on_delivery=on_delivery
+    )
     if producer.flush(30):
         raise click.ClickException("the request was not delivered to Kafka")
+    if refused:  # an ACL refusing the topic, say: the one line names it
+        raise settings.kafka.unavailable(refused[0])
     if as_json:
         echo_json(
             {
@@ -87,6 +97,7 @@ def delete() -> None:
 @subject_options
 @_common
 @click.pass_context
+@talks_to_kafka()
 def delete_subject(
     ctx: click.Context,
     /,
@@ -105,6 +116,7 @@ def delete_subject(
 @click.option("--conversation", "conversation_id", required=True)
 @_common
 @click.pass_context
+@talks_to_kafka()
 def delete_conversation(ctx: click.Context, /, conversation_id: str, **options: Any) -> None:
     """Delete a conversation: messages, summaries, context view, and memories sourced from it."""
     request_deletion(ctx, target={"type": "conversation", "id": conversation_id}, **options)
@@ -114,6 +126,7 @@ def delete_conversation(ctx: click.Context, /, conversation_id: str, **options: 
 @click.option("--memory-id", required=True)
 @_common
 @click.pass_context
+@talks_to_kafka()
 def delete_memory(ctx: click.Context, /, memory_id: str, **options: Any) -> None:
     """Erase one memory, its history and every derived copy."""
     request_deletion(ctx, target={"type": "memory", "id": memory_id}, **options)

@@ -21,7 +21,7 @@ from projections.bookkeeping import Conn
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
 from projections.shadow import drop_schema
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.kafka import admin_config, consumer_config, delete_topics, producer_config
 from streams.progress import end_offsets, wait_pipeline
 from streams.sample import sample_conversation_stream, sample_memory_stream
@@ -50,6 +50,7 @@ def demo() -> None:
 @click.option("--tenants", default=4, show_default=True)
 @click.option("--seed", default=7, show_default=True)
 @click.pass_context
+@talks_to_kafka()
 def demo_produce(
     ctx: click.Context, memories: int, conversations: int, tenants: int, seed: int
 ) -> None:
@@ -89,6 +90,7 @@ def _run_time(run: str) -> int:
 @demo.command("clean")
 @click.option("--before", "current", required=True, help="the current run, e.g. demo1795973724")
 @click.pass_context
+@talks_to_kafka()
 def demo_clean(ctx: click.Context, current: str) -> None:
     """Remove the demo runs older than CURRENT: their topics, consumer groups and PostgreSQL
     schemas. ``ops/demo`` runs it first, so the stack keeps the latest run only."""
@@ -301,6 +303,7 @@ def _dead_letters(settings: Settings, spec: TopicSpec) -> dict[str, Any]:
 @click.option("--wait/--no-wait", default=True, help="wait until the workers have caught up")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka()
 def demo_report(ctx: click.Context, wait: bool, as_json: bool) -> None:
     """What the projections hold, what was rejected and what went to the DLQs."""
     settings = settings_of(ctx)

@@ -14,7 +14,7 @@ import click
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.reading import LetterView, open_letters
 from projections.deadletters.sealing import LetterSealer
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.cli.demo import read_topic
 from streams.kafka import KafkaPublisher
 from streams.settings import Settings
@@ -126,6 +126,7 @@ def dlq() -> None:
 @click.option("--letters", "each", is_flag=True, help="one line per letter, not per error code")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka()
 def dlq_list(ctx: click.Context, topic: str | None, each: bool, as_json: bool) -> None:
     """Dead letters per topic and error code: counts, oldest and newest, open or not."""
     settings = settings_of(ctx)
@@ -166,6 +167,7 @@ def dlq_list(ctx: click.Context, topic: str | None, each: bool, as_json: bool) -
 @click.argument("offset", type=int)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka()
 def dlq_show(ctx: click.Context, topic: str, partition: int, offset: int, as_json: bool) -> None:
     """One letter, opened while its key lives ("erased" or "expired" otherwise).
 
@@ -243,6 +245,7 @@ def replay_plan(letters: Sequence[Stored]) -> tuple[list[OutboxMessage], Counter
 @click.option("--dry-run", is_flag=True, help="say what would be produced, produce nothing")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka()
 def dlq_replay(
     ctx: click.Context,
     topic: str,

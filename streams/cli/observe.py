@@ -20,7 +20,7 @@ from projections.deletion import audit as ghost_audit
 from projections.deletion import queries as ledger
 from projections.stores import STORE_NAMES, open_all
 from streams.cli.audit import plaintext
-from streams.cli.common import echo_json, settings_of
+from streams.cli.common import echo_json, settings_of, talks_to_kafka
 from streams.lag import LagCollector, PartitionLag
 from streams.services import StoreSupplies, make_pool
 from streams.settings import Settings
@@ -146,6 +146,7 @@ def render(snapshot: Snapshot, settings: Settings) -> Group:
 @click.option("--interval", default=2.0, show_default=True, help="seconds between refreshes")
 @click.option("--once", is_flag=True, help="print one snapshot (two, to measure rates) and exit")
 @click.pass_context
+@talks_to_kafka()
 def top(ctx: click.Context, interval: float, once: bool) -> None:
     """A live view per consumer group and derived store: lag in messages and seconds, apply
     rate, pending deletions and their age, ghost items, blocked ghost reads."""

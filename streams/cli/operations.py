@@ -7,7 +7,7 @@ from psycopg import sql
 
 from projections.bookkeeping import Conn
 from projections.migrate import migrate
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.kafka import create_topics
 from streams.runtime import limit_malloc_arenas, tune_garbage_collection, use_system_arrow_pool
 from streams.worker import WORKER_KINDS, build_worker
@@ -22,6 +22,7 @@ def topics() -> None:
 @topics.command("create")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.pass_context
+@talks_to_kafka()
 def topics_create(ctx: click.Context, as_json: bool) -> None:
     """Create every topic of the registry that does not exist yet, and bring the configs of
     existing ones (retention, compaction bounds) up to the registry (idempotent)."""

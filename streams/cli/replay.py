@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import Any
 
 import click
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -17,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from streams.cli.common import echo_json, settings_of
+from streams.cli.common import echo_json, settings_of, talks_to_kafka
 from streams.kafka import admin_config
 from streams.lag import LagCollector
 from streams.metrics import Metrics
@@ -70,6 +71,7 @@ def parse_start(text: str) -> Start:
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka()
 def replay(
     ctx: click.Context,
     projection: str,
@@ -161,10 +163,16 @@ def _group(settings: Settings, kind: str) -> str:
     return settings.group_id(kind)
 
 
+def _group_of_kind(settings: Settings, params: dict[str, Any]) -> str:
+    """The group of the command's KIND: the startup check covers its ACLs too."""
+    return _group(settings, params["kind"])
+
+
 @offsets.command("show")
 @click.argument("kind", type=click.Choice(sorted(WORKER_KINDS)))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka(_group_of_kind)
 def offsets_show(ctx: click.Context, kind: str, as_json: bool) -> None:
     """Committed offset, end offset and lag per partition, and the group's active members."""
     settings = settings_of(ctx)
@@ -200,6 +208,7 @@ def active_members(settings: Settings, group: str) -> list[str]:
 @click.option("--topic", help="only this topic of the group (default: all it has committed)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+@talks_to_kafka(_group_of_kind)
 def offsets_reset(ctx: click.Context, kind: str, to: str, topic: str | None, as_json: bool) -> None:
     """Move where a stopped worker's group resumes. The projections' tracking offsets in
     PostgreSQL still make redelivered messages no-ops: to rebuild, use memproj replay."""

@@ -1,4 +1,5 @@
-"""The Kafka client configuration built from the security settings (issue 16): pure, no broker."""
+"""The Kafka client configuration built from the security settings, and how a refusal is told:
+pure, no broker."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from pydantic import SecretStr
 
 from streams.kafka import admin_config, consumer_config, producer_config
@@ -15,6 +16,7 @@ from streams.kafka_security import (
     KafkaSecurity,
     KafkaSecurityConfigError,
     KafkaSecurityError,
+    KafkaUnreachable,
     SaslMechanism,
     SecurityProtocol,
     fatal_cause,
@@ -110,6 +112,31 @@ def test_the_error_callback_raises_only_what_a_retry_cannot_fix() -> None:
         on_error(KafkaError(KafkaError._SSL, "certificate verify failed"))
     on_error(KafkaError(KafkaError._TRANSPORT, "connection refused"))  # retried by librdkafka
     assert fatal_cause(KafkaError(KafkaError._ALL_BROKERS_DOWN)) is None
+
+
+def test_a_client_that_outlives_a_refusal_is_told_of_it_instead() -> None:
+    reported: list[KafkaSecurityError] = []
+    on_error = KafkaCluster("b:1", security(SecurityProtocol.SASL_SSL)).error_callback(
+        reported.append
+    )
+    on_error(KafkaError(KafkaError._AUTHENTICATION, "invalid credentials"))
+    on_error(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+    [refused] = reported
+    assert refused.reason == "authentication failed (wrong username or password?)"
+    assert "b:1" in str(refused) and "b:1" not in refused.reason  # readiness shows the reason
+
+
+def test_a_failed_request_is_one_line_naming_the_cluster_and_the_cause() -> None:
+    cluster = KafkaCluster("b:1", security(SecurityProtocol.SASL_SSL))
+    acl = cluster.unavailable(
+        KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic t: refused"))
+    )
+    assert isinstance(acl, KafkaSecurityError)
+    assert str(acl).startswith("Kafka at b:1 over SASL_SSL as SASL user 'memproj'")
+    assert "authorization failed (the principal needs ACLs): topic t: refused" in str(acl)
+    away = cluster.unavailable(KafkaError(KafkaError._TIMED_OUT, "no answer"))
+    assert isinstance(away, KafkaUnreachable) and "_TIMED_OUT: no answer" in str(away)
+    assert SECRET not in str(acl) + str(away)
 
 
 def test_no_client_is_built_from_the_bare_bootstrap_string() -> None:

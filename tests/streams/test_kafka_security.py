@@ -1,4 +1,4 @@
-"""memproj over the local broker's SASL_SSL listener with ACLs (issue 16), against the real
+"""memproj over the local broker's SASL_SSL listener with ACLs, against the real
 Kafka of ``ops/stack``.
 
 STACK PORTS: the topics, schemas and checks go through the PLAINTEXT listener
@@ -24,33 +24,31 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import REPO, Env, WorkerProcess, isolated_env
 from conftest import settings_environment as plaintext_environment
+from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from projections.bookkeeping import OutboxMessage
 from streams.cli import cli
+from streams.failures import FailureKind, classify
+from streams.isolation import CircuitBreaker, Isolation, stage
+from streams.kafka import KafkaPublisher
 from streams.kafka_security import KafkaSecurityError
+from streams.metrics import Metrics
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.settings import Settings
 from streams.worker import CONSUMING_KINDS, memory_projection
+from support.deadletters import MemoryLetterKeys, memory_dead_letters
 from support.deletion_scenario import ready, recent_factory, request, seed, wait_verified
+from support.fakes import message
+from support.kafka_users import secure_environment
+from topics.messages import InputMessage
 from topics.registry import MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 ALICE = ("user", "alice")
-# The issue's bound for a wrong password or an untrusted CA; measured: about 1 s.
+# The bound for naming a wrong password or an untrusted CA; measured: about 1 s.
 FAIL_FAST_SECONDS = 30.0
-
-
-def secure_environment(user: str) -> dict[str, str]:
-    """``ops/stack env secure USER``: how USER reaches this stack's SASL_SSL listener."""
-    out = subprocess.run(
-        [str(REPO / "ops" / "stack"), "env", "secure", user],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    pairs = (line.removeprefix("export ").split("=", 1) for line in out.splitlines())
-    return {name: value for name, value in pairs}
 
 
 def secure_settings(base: Settings, user: str, **overrides: Any) -> Settings:
@@ -159,6 +157,30 @@ def test_a_wrong_password_fails_fast_naming_the_cause(stack: Settings) -> None:
     assert "not-the-password" not in str(raised.value)
 
 
+def test_a_refusal_met_while_working_stops_the_worker_and_dead_letters_nothing(
+    stack: Settings,
+) -> None:
+    """Kafka refusing a handler's publish is an environment fault, classified once
+    (``streams.failures``): isolation lets it through to stop the worker, and the message is
+    not dead-lettered as if it had caused it."""
+    wrong = secure_settings(stack, "memproj", kafka_password_file=None)
+    wrong = wrong.model_copy(update={"kafka_password": SecretStr("not-the-password")})
+    publisher = KafkaPublisher(wrong.kafka)
+    keys = MemoryLetterKeys()
+    isolation = Isolation(
+        CircuitBreaker("refused"), Metrics(CollectorRegistry()), memory_dead_letters(keys)
+    )
+
+    async def handle(_message: InputMessage) -> None:
+        with stage("publish"):
+            await publisher.publish([OutboxMessage("memproj.refused", b"k", b"v")])
+
+    with pytest.raises(KafkaSecurityError, match="authentication failed") as refused:
+        asyncio.run(isolation.each([message(0)], handle))
+    assert classify(refused.value) is FailureKind.ENVIRONMENT
+    assert keys.saved == []
+
+
 def test_a_worker_with_a_wrong_password_exits_naming_the_cause(
     secure_env: Env, tmp_path: Path
 ) -> None:
@@ -216,7 +238,7 @@ def test_mutual_tls_with_the_stack_client_certificate(stack: Settings) -> None:
     assert mutual.kafka.check_connection(timeout=FAIL_FAST_SECONDS).topics is not None
 
 
-# -- every operation of the issue's "done when", as memproj and as intruder ------------------
+# -- every operation, as memproj and as intruder ---------------------------------------------
 # The sample of tests/support/deletion_scenario through every worker, a subject erasure, a
 # rebuild and the CLI, all over SASL_SSL; then no worker log and no CLI output holds the Kafka
 # password or the master key.
@@ -306,9 +328,10 @@ def test_offsets_show_as_intruder_fails_fast_with_an_authorization_error(
     assert refused.exit_code != 0, refused.output
     assert seconds < FAIL_FAST_SECONDS, (seconds, refused.output)
     # What a user sees: the output, and the exception the command ended with (``memproj``
-    # prints it as a traceback today: no command turns it into a one-line message).
+    # prints it as one line: tests/streams/test_cli_kafka.py).
     seen = f"{refused.output}\n{refused.exception!r}"
-    assert "authorization failed" in seen.lower(), seen
+    assert isinstance(refused.exception, KafkaSecurityError), seen
+    assert "not authorized for consumer group" in seen and "ACLs" in seen, seen
     intruder_password = intruder.kafka_password
     assert intruder_password is not None
     assert intruder_password.get_secret_value() not in seen
