@@ -23,7 +23,7 @@ from psycopg.pq import Format
 
 from projections.idempotency import EventKey, ProcessedEvent
 from topics.outputs import Rejection
-from topics.registry import Headers, entity_key
+from topics.registry import Headers, keys_of
 
 
 class ConcurrentClaim(RuntimeError):
@@ -412,8 +412,9 @@ async def remove_pending_messages(
 ) -> int:
     """Delete the staged messages on ``topic_base_name`` (under any prefix) whose entity
     headers (``topics.registry.entity_headers``) name one of ``entity_ids`` of ``tenant_id``;
-    waits for any publication of them in progress. Matched on the headers, never on the key
-    alone, which reads the same for tenant ``a:b``/memory ``m`` and tenant ``a``/``b:m``."""
+    waits for any publication of them in progress. Matched on the headers too, not on the key
+    alone: a row staged before 1.2 has the input key, which reads the same for tenant
+    ``a:b``/memory ``m`` and tenant ``a``/``b:m``."""
     if not entity_ids:
         return 0
     cursor = await conn.execute(
@@ -425,7 +426,7 @@ async def remove_pending_messages(
         "  WHERE h->>0 = 'entity_id' AND h->>1 = ANY(%(entities)s))",
         {
             "topic": topic_base_name,
-            "keys": [entity_key(tenant_id, entity).encode() for entity in entity_ids],
+            "keys": [key.encode() for entity in entity_ids for key in keys_of(tenant_id, entity)],
             "tenant": tenant_id,
             "entities": list(entity_ids),
         },

@@ -8,6 +8,7 @@ resolves to the live schema through the search path, so a rebuild consults the l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -121,9 +122,15 @@ async def sweep_erased(conn: Conn, spec: ShadowSpec) -> int:
     return removed
 
 
-async def swap(conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: str) -> None:
+async def swap(
+    conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: str, live_topics: Sequence[str]
+) -> None:
     """In the caller's transaction: the live tables move to ``retired`` and the shadow's take
-    their place; the projection's bookkeeping rows are replaced by the shadow's."""
+    their place; the projection's processed event ids and rejections are replaced by the
+    shadow's. Its tracking rows stay those of the topics the live worker reads
+    (``live_topics``), each raised to the shadow's where the shadow read further: the shadow
+    was caught up to what the live worker applied, so the rows hold of the new tables. Rows
+    of any other topic (the sealed log, which a sealing worker does not read) are dropped."""
     ident = sql.Identifier
     await conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident(retired)))
     for table in spec.table_names:
@@ -137,23 +144,10 @@ async def swap(conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: st
                 ident(shadow), ident(table), ident(live)
             )
         )
-    for table in ("processed_events", "projection_offsets", "rejections"):
-        # Tracking of the topics the shadow read (the sealed log) only: a live worker that
-        # seals its raw topic (issue 17) keeps its raw offsets, which the rebuild never read.
-        only_replayed = (
-            sql.SQL(" AND topic IN (SELECT topic FROM {}.{} WHERE projection = %s)").format(
-                ident(shadow), ident(table)
-            )
-            if table == "projection_offsets"
-            else sql.SQL("")
-        )
+    for table in ("processed_events", "rejections"):
         await conn.execute(
-            sql.SQL("DELETE FROM {}.{} WHERE projection = %s{}").format(
-                ident(live), ident(table), only_replayed
-            ),
-            (spec.projection, spec.projection)
-            if table == "projection_offsets"
-            else (spec.projection,),
+            sql.SQL("DELETE FROM {}.{} WHERE projection = %s").format(ident(live), ident(table)),
+            (spec.projection,),
         )
         await conn.execute(
             # The shadow's serial columns draw from the live sequences (LIKE copies the
@@ -163,6 +157,23 @@ async def swap(conn: Conn, spec: ShadowSpec, live: str, shadow: str, retired: st
             ),
             (spec.projection,),
         )
+    topics = list(live_topics)
+    await conn.execute(
+        sql.SQL(
+            "DELETE FROM {}.projection_offsets WHERE projection = %s AND topic <> ALL(%s)"
+        ).format(ident(live)),
+        (spec.projection, topics),
+    )
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {live}.projection_offsets AS o (projection, topic, partition, next_offset)"
+            " SELECT projection, topic, partition, next_offset FROM {shadow}.projection_offsets"
+            " WHERE projection = %s AND topic = ANY(%s)"
+            " ON CONFLICT (projection, topic, partition) DO UPDATE"
+            " SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset), updated_at = now()"
+        ).format(live=ident(live), shadow=ident(shadow)),
+        (spec.projection, topics),
+    )
 
 
 async def drop_schema(conn: Conn, schema: str) -> None:

@@ -47,11 +47,11 @@ from streams.kafka import (
 )
 from streams.metrics import Metrics
 from streams.settings import Settings
-from topics.registry import MEMORY_CURRENT, entity_key
+from topics.registry import MEMORY_CURRENT, output_key
 
 log = logging.getLogger(__name__)
 
-MARKER_KEY = entity_key("", "").encode()
+MARKER_KEY = output_key("", "").encode()
 MARKER_HEADERS = (("tenant_id", ""), ("entity_id", ""), ("memproj", "segment-roll"))
 # The broker's default ``log.cleaner.backoff.ms``: how long an idle cleaner sleeps between
 # looks for a log to clean.

@@ -25,7 +25,7 @@ from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.purge import PurgeRound
 from topics.codec import encode
-from topics.registry import DELETION_STATUS, DELETION_TOMBSTONES, TopicNames, entity_key
+from topics.registry import DELETION_STATUS, DELETION_TOMBSTONES, TopicNames, output_key
 
 log = logging.getLogger(__name__)
 PRODUCER = "deletion-maintenance"
@@ -96,7 +96,7 @@ class LedgerMaintenance(Service):
             messages: list[OutboxMessage] = []
             for tenant_id, deletion_id, store_name in rows:
                 tombstone = await lifecycle.tombstone_of(conn, tenant_id, deletion_id)
-                key = entity_key(tenant_id, deletion_id).encode()
+                key = output_key(tenant_id, deletion_id).encode()
                 messages.append(
                     OutboxMessage(
                         self._topics.name(DELETION_TOMBSTONES),
@@ -117,7 +117,7 @@ class LedgerMaintenance(Service):
                 messages.append(
                     OutboxMessage(
                         self._topics.name(DELETION_STATUS),
-                        entity_key(state.tenant_id, state.deletion_id).encode(),
+                        output_key(state.tenant_id, state.deletion_id).encode(),
                         encode(status),
                     )
                 )
@@ -221,7 +221,7 @@ class LedgerMaintenance(Service):
                 messages.append(
                     OutboxMessage(
                         self._topics.name(DELETION_STATUS),
-                        entity_key(state.tenant_id, state.deletion_id).encode(),
+                        output_key(state.tenant_id, state.deletion_id).encode(),
                         encode(status),
                     )
                 )

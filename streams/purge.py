@@ -40,7 +40,7 @@ from projections.stores import DerivedStore
 from streams.failures import loggable
 from streams.kafka import KafkaTarget, consumer_config, failed
 from streams.settings import Settings
-from topics.registry import CONVERSATION_EVENTS, MEMORY_CURRENT, MEMORY_EVENTS, entity_key
+from topics.registry import CONVERSATION_EVENTS, MEMORY_CURRENT, MEMORY_EVENTS, keys_of
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class MemoryCurrentCompacted:
         return {}
 
     async def purged(self, due: Sequence[DuePurge]) -> set[RequestKey]:
-        keys = {d.key: {_current_key(d, m) for m in d.memories} for d in due}
+        keys = {d.key: {k for m in d.memories for k in _current_keys(d, m)} for d in due}
         wanted: set[bytes] = set().union(*keys.values())
         left = await asyncio.to_thread(
             lambda: compaction_leftovers(self._kafka.records(self._topic), wanted)
@@ -157,8 +157,10 @@ class MemoryCurrentCompacted:
         return {key for key, erased in keys.items() if not erased & left}
 
 
-def _current_key(deletion: DuePurge, memory_id: str) -> bytes:
-    return entity_key(deletion.tombstone.tenant_id, memory_id).encode()
+def _current_keys(deletion: DuePurge, memory_id: str) -> set[bytes]:
+    """The keys an erased memory's records may have (``keys_of``): its output key, and the
+    one a record written before contract 1.2 has; the ledger nulls both."""
+    return {key.encode() for key in keys_of(deletion.tombstone.tenant_id, memory_id)}
 
 
 class RawInputTrimmed:

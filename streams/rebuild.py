@@ -17,9 +17,10 @@ a rebuild throws away or already has:
 
 What stays as live, in each chunk's transaction, in the live order: the data keys of the
 chunk (``prepare_decode``), the shared tenant locks, the erasures that may cover its events,
-the reducer, the processed ids, rejections and tracked offsets (the bookkeeping a swap takes
-over), and the projection's effects beyond its tables (revocations in the ledger, refused
-data keys destroyed).
+the reducer, the processed ids and rejections (which a swap takes over), the shadow's offsets
+in the sealed log (taken over only where the live worker reads the sealed log: the rule in
+``streams.replay``), and the projection's effects beyond its tables (revocations in the
+ledger, refused data keys destroyed).
 
 Erasures: an erasure removes what it covers from the shadow in its own transaction, holding
 its tenants' locks exclusively (``projections.rebuilds``). After taking the shared locks a

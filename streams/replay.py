@@ -10,11 +10,26 @@ this one; a reader that fails stops the replay, and one whose replay is killed s
 next chunk). Live workers keep serving meanwhile. The shadow is then compared with the live
 projection per tenant, and swapped in atomically when asked to (or when they agree):
 
-1. lock the live projection's tracking rows (the live worker waits on its next batch);
-2. replay what the live worker applied since the shadow's end, into the shadow;
+1. lock the live worker's tracking rows (its next batch waits);
+2. catch the shadow up, from the end offsets its read stopped at, to what the live worker
+   has applied;
 3. sweep anything an erasure covers out of the shadow (deletions that happened meanwhile);
 4. move the live tables to a retired schema and the shadow's in, and take over the
    projection's bookkeeping rows; commit. The live worker carries on, on the new tables.
+
+Tracking offsets, one rule. A ``projection_offsets`` row (projection, topic, partition,
+next_offset) says: the projection's tables in this schema hold every message of that
+partition below ``next_offset``. Only a transaction that applies those messages to those
+tables advances it: the live worker's, for the topic it reads (``streams.worker.LiveInput``:
+the raw topic, which it seals and projects in one stage, or with
+``MEMPROJ_PROJECTION_SOURCE=sealed`` the sealed log), and a rebuild's, in its shadow, for the
+sealed log. So the catch-up's target is what the live worker applied, read from the live
+worker's own rows: when it seals, the sealed log's end once its committed batches are
+published (with its rows locked it commits no more); otherwise the rows themselves. The
+swap keeps the rule true of the tables it swaps in: the live worker's rows stay (raised to
+the shadow's where the shadow read further), and rows of any other topic are dropped (the
+shadow's sealed-log rows, when the live worker seals: nothing would advance them, and a
+later swap would take them for the live worker's progress).
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from psycopg.conninfo import make_conninfo
 
 from projections import rebuilds
 from projections import shadow as shadows
-from projections.bookkeeping import Conn, OutboxMessage, pending_outbox
+from projections.bookkeeping import Conn, OutboxMessage, lock_offsets, pending_outbox
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
@@ -58,8 +73,9 @@ from streams.rebuild import ReplayStopped as ReplayStopped  # part of this modul
 from streams.runner import Projection, ProjectionRunner
 from streams.services import build_embedder, make_pool, open_vector_store
 from streams.settings import Settings
+from streams.worker import LiveInput, live_input
 from topics.messages import InputMessage
-from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT
+from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT, TopicNames
 
 Start = Literal["earliest"] | datetime | dict[int, int]
 SwapMode = Literal["always", "if-equal", "never"]
@@ -162,28 +178,34 @@ def reader(settings: Settings) -> Consumer:
     )
 
 
+def partitions_of(consumer: Consumer, topics: Sequence[str]) -> list[Position]:
+    positions: list[Position] = []
+    for topic in topics:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        positions += [(topic, partition) for partition in sorted(metadata.partitions)]
+    return positions
+
+
 def positions(
     consumer: Consumer, topics: Sequence[str], start: Start
 ) -> tuple[dict[Position, int], dict[Position, int]]:
     """Start and end offsets per partition; the end is fixed when the replay begins."""
     starts: dict[Position, int] = {}
     ends: dict[Position, int] = {}
-    for topic in topics:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        for partition in sorted(metadata.partitions):
-            # ``reader`` is a committed reader: ``high`` is the last stable offset.
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            ends[(topic, partition)] = high
-            if start == "earliest":
-                starts[(topic, partition)] = low
-            elif isinstance(start, dict):
-                starts[(topic, partition)] = max(low, start.get(partition, low))
-            else:
-                millis = int(start.timestamp() * 1000)
-                (found,) = consumer.offsets_for_times(
-                    [TopicPartition(topic, partition, millis)], timeout=10
-                )
-                starts[(topic, partition)] = high if found.offset < 0 else found.offset
+    for topic, partition in partitions_of(consumer, topics):
+        # ``reader`` is a committed reader: ``high`` is the last stable offset.
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        ends[(topic, partition)] = high
+        if start == "earliest":
+            starts[(topic, partition)] = low
+        elif isinstance(start, dict):
+            starts[(topic, partition)] = max(low, start.get(partition, low))
+        else:
+            millis = int(start.timestamp() * 1000)
+            (found,) = consumer.offsets_for_times(
+                [TopicPartition(topic, partition, millis)], timeout=10
+            )
+            starts[(topic, partition)] = high if found.offset < 0 else found.offset
     return starts, ends
 
 
@@ -242,15 +264,6 @@ async def _published(conn: Conn, projection: str, seconds: float = 60.0) -> None
                 " (is it running?): not swapped"
             )
         await asyncio.sleep(0.05)
-
-
-async def _tracked(conn: Conn, projection: str, lock: bool) -> dict[Position, int]:
-    cursor = await conn.execute(
-        "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = %s"
-        + (" ORDER BY topic, partition FOR UPDATE" if lock else ""),
-        (projection,),
-    )
-    return {(str(r[0]), int(r[1])): int(r[2]) for r in await cursor.fetchall()}
 
 
 async def replay_projection(
@@ -348,8 +361,10 @@ async def replay_projection(
             await live_conn.commit()
             if swap == "always" or (swap == "if-equal" and not report.differences):
                 await _swap(
-                    live_conn, pool, runner, isolation, consumer, spec, live, shadow, report
-                )
+                    live_conn, pool, runner, isolation, consumer, spec,
+                    live_input(settings, projection), ends, settings.topics, (live, shadow),
+                    report,
+                )  # fmt: skip
         finally:
             consumer.close()
             await pool.close()
@@ -493,40 +508,44 @@ async def _swap(
     isolation: Isolation,
     consumer: Consumer,
     spec: shadows.ShadowSpec,
-    live: str,
-    shadow: str,
+    source: LiveInput,
+    read_to: dict[Position, int],
+    names: TopicNames,
+    schemas: tuple[str, str],
     report: ReplayReport,
 ) -> None:
+    """Catch the shadow up from ``read_to`` (the end offsets its read stopped at) to what the
+    live worker has applied, sweep it, and swap it in (the rule of the module's docstring)."""
+    live, shadow = schemas
     retired = f"retired_{shadow.removeprefix('replay_')}"
+    live_topics = [names.name(s) for s in source.specs]
     async with live_conn.transaction():
-        # The live worker's next batch waits on these rows until the swap commits.
-        live_offsets = await _tracked(live_conn, spec.projection, lock=True)
+        # The live worker's tracking rows, locked as it locks them (those of a partition it
+        # has not tracked yet too): its next batch waits until the swap commits.
+        applied = await lock_offsets(
+            live_conn,
+            spec.projection,
+            partitions_of(consumer, live_topics),
+            inherit_from=source.inherit_from,
+        )
         # An erasure committing between the sweep and the swap would remove its rows from the
         # tables about to be retired and leave them in the shadow that replaces them.
         await deletion_store.hold_erasures(live_conn)
-        async with pool.connection() as shadow_conn:
-            shadow_offsets = await _tracked(shadow_conn, spec.projection, lock=False)
-        replayed = {topic for topic, _ in shadow_offsets}
-        target = {p: offset for p, offset in live_offsets.items() if p[0] in replayed}
-        if not target and live_offsets:
-            # The live worker reads the raw topic and seals it (issue 17): with its tracking
-            # locked it commits nothing more, and once its committed batches are published
-            # the sealed log holds exactly what it applied.
+        if source.seals:
+            # The live worker's rows are of the raw topic. With them locked it commits
+            # nothing more, and once its committed batches are published the sealed log
+            # holds exactly what it applied.
             await _published(live_conn, spec.projection)
-            target = {
-                (topic, partition): consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )[1]
-                for topic in sorted(replayed)
-                for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            applied = {
+                position: consumer.get_watermark_offsets(TopicPartition(*position), timeout=10)[1]
+                for position in read_to
             }
-            shadow_offsets = {p: shadow_offsets.get(p, 0) for p in target}
-        for batch in read(consumer, shadow_offsets, target, 2000):
+        for batch in read(consumer, read_to, applied, 2000):
             await runner.apply(batch, isolation)
             report.caught_up += len(batch)
         async with pool.connection() as shadow_conn, shadow_conn.transaction():
             report.swept = await shadows.sweep_erased(shadow_conn, spec)
-        await shadows.swap(live_conn, spec, live, shadow, retired)
+        await shadows.swap(live_conn, spec, live, shadow, retired, live_topics)
         await rebuilds.register(live_conn, retired, spec.projection, "retired")
     await shadows.drop_schema(live_conn, shadow)  # only its copies of the bookkeeping remain
     await rebuilds.forget(live_conn, shadow)

@@ -56,7 +56,7 @@ from topics.codec import InvalidMessage, encode
 from topics.envelope import EventLike
 from topics.messages import InputMessage
 from topics.outputs import Rejection
-from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec, entity_key
+from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec, output_key
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +410,7 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
     def _rejection_message(self, rejection: Rejection) -> OutboxMessage:
         return OutboxMessage(
             self._topics.name(self.projection.rejections_spec),
-            entity_key(rejection.tenant_id, rejection.entity_id).encode(),
+            output_key(rejection.tenant_id, rejection.entity_id).encode(),
             encode(rejection),
         )
 

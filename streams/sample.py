@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from topics.registry import entity_key
+from topics.registry import input_key
 
 RawEvent = dict[str, Any]
 EPOCH = datetime(2026, 8, 8, 9, 0, tzinfo=UTC)
@@ -202,7 +202,7 @@ class EventFactory:
 def key_of(event: RawEvent) -> bytes:
     payload = event["payload"]
     entity_id = payload.get("memory_id") or payload.get("conversation_id") or payload["deletion_id"]
-    return entity_key(event["tenant_id"], entity_id).encode()
+    return input_key(event["tenant_id"], entity_id).encode()
 
 
 def to_message(event: RawEvent) -> tuple[bytes, bytes]:

@@ -19,7 +19,7 @@ from mode import Service
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, HandoverTracking, Tracking
+from projections.bookkeeping import Conn, HandoverTracking, PostgresTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.memory.projection import MemoryProjection
@@ -218,16 +218,44 @@ def sealer(settings: Settings, raw: TopicSpec) -> Sealer:
 # The worker kind that sealed both raw topics before the one-hop stages (issue 17): a fused
 # worker takes over its raw offsets (``HandoverTracking``).
 SEALER = "sealer"
+# The raw topic each one-hop projection seals and projects.
+RAW_INPUTS: dict[str, TopicSpec] = {"memory": MEMORY_EVENTS, "conversation": CONVERSATION_EVENTS}
+
+
+@dataclass(frozen=True, slots=True)
+class LiveInput:
+    """What the live worker of a projection reads, and so what its tracking rows
+    (``projection_offsets``) are of: the raw topic, which it seals and projects in one stage
+    (a partition it has never tracked starts where the ``SEALER`` left it), or, with
+    ``MEMPROJ_PROJECTION_SOURCE=sealed``, the sealed log alone. A rebuild's swap keeps these
+    rows true of the tables it swaps in (``streams.replay``)."""
+
+    specs: tuple[TopicSpec, ...]
+    seals: bool
+    inherit_from: str | None
+
+    def tracking(self) -> Tracking:
+        if self.inherit_from is None:
+            return PostgresTracking()
+        return HandoverTracking(self.inherit_from)
+
+
+def live_input(settings: Settings, projection: Projection[Any, Any, Any]) -> LiveInput:
+    if settings.projection_source == "sealed":
+        return LiveInput(tuple(projection.input_specs), seals=False, inherit_from=None)
+    return LiveInput((RAW_INPUTS[projection.name],), seals=True, inherit_from=SEALER)
 
 
 def build_fused_worker(
-    settings: Settings, metrics: Metrics, projection: Projection[Any, Any, Any], raw: TopicSpec
+    settings: Settings, metrics: Metrics, projection: Projection[Any, Any, Any]
 ) -> WorkerParts:
-    """``projection`` fed from its raw topic ``raw`` in one stage: sealed, projected, and the
-    sealed log published, in one transaction per batch (projections.sealing.fused); with
+    """``projection`` fed from its raw topic in one stage: sealed, projected, and the sealed
+    log published, in one transaction per batch (projections.sealing.fused); with
     ``MEMPROJ_PROJECTION_SOURCE=sealed``, the projection alone on the sealed log."""
-    if settings.projection_source == "sealed":
+    source = live_input(settings, projection)
+    if not source.seals:
         return build_projection_worker(settings, metrics, projection)
+    (raw,) = source.specs
     fused = SealingProjection(sealer(settings, raw), projection)
     # Topic lifetimes (issue 15): the raw input is deleted up to what this stage committed.
     return build_projection_worker(
@@ -235,7 +263,7 @@ def build_fused_worker(
         metrics,
         fused,
         lambda parts: raw_input_trimmers(settings, metrics, parts.pool, fused),
-        HandoverTracking(SEALER),
+        source.tracking(),
     )
 
 
@@ -257,15 +285,11 @@ def conversation_projection(settings: Settings, metrics: Metrics) -> Conversatio
 
 
 def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_fused_worker(
-        settings, metrics, memory_projection(settings, metrics), MEMORY_EVENTS
-    )
+    return build_fused_worker(settings, metrics, memory_projection(settings, metrics))
 
 
 def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_fused_worker(
-        settings, metrics, conversation_projection(settings, metrics), CONVERSATION_EVENTS
-    )
+    return build_fused_worker(settings, metrics, conversation_projection(settings, metrics))
 
 
 def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from topics.envelope import Envelope, model_json
 from topics.outputs import DeadLetterReason
+from topics.registry import input_key
 from topics.schemas import EventSchema, SchemaRegistry, UnknownSchemaVersion
 
 
@@ -157,7 +158,7 @@ class EventCodec:
                 DeadLetterReason.UNKNOWN_EVENT_TYPE,
                 f"event_type {event.event_type!r} does not belong on {topic}",
             )
-        expected_key = f"{event.tenant_id}:{event.entity_id}"
+        expected_key = input_key(event.tenant_id, event.entity_id)
         if key_text != expected_key:
             raise InvalidMessage(
                 DeadLetterReason.KEY_MISMATCH,

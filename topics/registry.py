@@ -6,6 +6,7 @@ creation, the workers, the docker-compose consistency test and the README all re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -253,32 +254,77 @@ class TopicNames:
         return topic[len(self.prefix) :]
 
 
-def entity_key(tenant_id: str, entity_id: str) -> str:
-    """The contract's message key: it decides the partition, so one entity stays in order."""
+def input_key(tenant_id: str, entity_id: str) -> str:
+    """An input topic's message key, ``{tenant_id}:{entity_id}`` as the contract gives it: it
+    decides the partition, so one entity stays in order. Input events are checked against it
+    (``topics.codec``), and the sealed log keeps it (it is the input, sealed)."""
     return f"{tenant_id}:{entity_id}"
+
+
+def output_key(tenant_id: str, entity_id: str) -> str:
+    """The key memproj writes on its output topics (contract 1.2): the input convention with
+    ``%`` and ``:`` escaped in the tenant id (``%25``, ``%3A``). The first colon then ends the
+    tenant id, so no two tenants' keys are equal on a compacted topic (tenant ``a`` with
+    memory ``b:m`` is ``a:b:m``, tenant ``a:b`` with memory ``m`` is ``a%3Ab:m``). Ids without
+    those characters give the input key."""
+    return f"{escape_id(tenant_id)}:{entity_id}"
+
+
+def escape_id(text: str) -> str:
+    """An id with ``%`` and ``:`` escaped (``%25``, ``%3A``), so that ids joined by colons
+    split back one way only (output keys; the vector store's entry ids)."""
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
+_ESCAPED = re.compile("%(25|3A)")
+
+
+def unescape_id(text: str) -> str:
+    """``escape_id`` undone, in one pass (``%253A`` is ``%3A``, not ``:``)."""
+    return _ESCAPED.sub(lambda match: "%" if match.group(1) == "25" else ":", text)
+
+
+def split_output_key(key: bytes) -> tuple[str, str]:
+    """(tenant_id, entity_id) of an output key: split at its first colon, the tenant id
+    unescaped. A key written before 1.2 (``input_key``) reads the same unless its tenant id
+    holds ``:`` or ``%``. Raises ``UnicodeDecodeError`` for a key that is not UTF-8."""
+    tenant_text, _, entity_text = key.decode().partition(":")
+    return unescape_id(tenant_text), entity_text
+
+
+def keys_of(tenant_id: str, entity_id: str) -> tuple[str, ...]:
+    """Every key a message about this entity may carry: its output key and, when that
+    differs, its input key (the key of input, and of the records memproj wrote on its outputs
+    before 1.2, which keep it)."""
+    return tuple(dict.fromkeys((output_key(tenant_id, entity_id), input_key(tenant_id, entity_id))))
+
+
+def is_key_of(key: bytes | None, tenant_id: str, entity_id: str) -> bool:
+    """Whether an output message's key is one this entity's messages may carry (``keys_of``):
+    a reader checks a key against its message's body."""
+    return key is not None and key.decode(errors="replace") in keys_of(tenant_id, entity_id)
 
 
 Headers = tuple[tuple[str, str], ...]
 
 
 def entity_headers(tenant_id: str, entity_id: str) -> Headers:
-    """The ids of a keyed message, unambiguously: ``entity_key`` cannot be split back when the
-    tenant id holds a colon, and a null-valued tombstone has nothing else to read them from."""
+    """The ids of a keyed output message, as they are: a null-valued tombstone has nothing
+    else to read them from, and a key written before 1.2 cannot be split back when the
+    tenant id holds a colon."""
     return (("tenant_id", tenant_id), ("entity_id", entity_id))
 
 
 def entity_of_message(
     key: bytes | None, headers: Sequence[tuple[str, bytes | str]] | None
 ) -> tuple[str, str]:
-    """(tenant_id, entity_id) of a message published with ``entity_headers``. A message from
-    before the headers existed is split at the key's first colon, which is right unless the
-    tenant id itself holds one."""
+    """(tenant_id, entity_id) of an output message published with ``entity_headers``; one
+    without them is read from its key (``split_output_key``)."""
     found = {name: value for name, value in headers or ()}
     tenant_id, entity_id = found.get("tenant_id"), found.get("entity_id")
     if tenant_id is not None and entity_id is not None:
         return _text(tenant_id), _text(entity_id)
-    tenant_text, _, entity_text = (key or b"").decode().partition(":")
-    return tenant_text, entity_text
+    return split_output_key(key or b"")
 
 
 def _text(value: bytes | str) -> str:

@@ -4,8 +4,9 @@ reference memproj's workers left for a batch consumer (ops/decisions/batch-consu
     python ops/bench/faust_noop.py TOPIC COUNT   (run by ops/bench/projection.py)
 
 The app settings and the ``noack_take`` loop memproj's agents used while they ran on faust,
-with the batch work removed; prints the events/s from the first batch to the COUNT-th event,
-then the process's CPU time per event over the same span (µs).
+with the batch work removed; prints a line ``faust-noop RATE CPU``: the events/s from the first
+batch to the COUNT-th event, then the process's CPU time per event over the same span (µs).
+Marked, since faust's console (its start-up spinner) writes to the same stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import uuid
 import faust
 
 from streams.settings import Settings
+
+RESULT = "faust-noop"
 
 
 def build_app(settings: Settings, worker: str) -> faust.App:
@@ -68,7 +71,7 @@ def main() -> None:
                 counted = seen - len(batch)
                 rate = counted / (time.perf_counter() - started)
                 cpu = 1e6 * (time.process_time() - cpu_started) / counted
-                os.write(1, f"{rate:.0f} {cpu:.1f}\n".encode())
+                os.write(1, f"\n{RESULT} {rate:.0f} {cpu:.1f}\n".encode())
                 os._exit(0)
 
     app.agent(topic, name="noop")(noop)

@@ -29,7 +29,7 @@ from topics.registry import (
     CONVERSATION_SEALED,
     TopicNames,
     TopicSpec,
-    entity_key,
+    output_key,
 )
 from topics.schemas import SchemaRegistry
 
@@ -105,7 +105,7 @@ class ConversationProjection:
         return [
             OutboxMessage(
                 self._messages_topic,
-                entity_key(message.tenant_id, message.conversation_id).encode(),
+                output_key(message.tenant_id, message.conversation_id).encode(),
                 encode_record(message, outcome.message_keys[entity_of_message(message)]),
             )
             for message in outcome.messages

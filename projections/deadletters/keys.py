@@ -24,6 +24,7 @@ from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, Le
 from projections.deletion import store as deletion_store
 from projections.sealing.crypto import DEFAULT_MASTER_KEY_ID
 from topics.envelope import Subject
+from topics.registry import keys_of
 
 
 class LetterKeys(Protocol):
@@ -136,7 +137,7 @@ async def shred_dead_letters(
             "subject_id": subject.id if subject else None,
             "memories": list(memory_ids),
             "conversations": list(conversation_ids),
-            "keys": [f"{tenant_id}:{entity}" for entity in entities],
+            "keys": [key for entity in entities for key in keys_of(tenant_id, entity)],
         },
     )
     return cursor.rowcount

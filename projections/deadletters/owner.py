@@ -20,10 +20,12 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from topics.envelope import source_conversation
+from topics.registry import split_output_key
 
-# Contract identifiers are at most 128 characters; anything longer names no owner.
+# Contract identifiers are at most 128 characters; anything longer names no owner. An output
+# key's tenant id may be escaped to three times its length (contract 1.2).
 _ID_MAX_CHARS = 128
-_MESSAGE_KEY_MAX_CHARS = 2 * _ID_MAX_CHARS + 1
+_MESSAGE_KEY_MAX_CHARS = 4 * _ID_MAX_CHARS + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,11 @@ def owner_of(key: bytes | None, value: bytes | None) -> LetterOwner:
         conversation_id = _source_conversation(found("source"))
     tenant_id = _ident(document.get("tenant_id"))
     if tenant_id is None and message_key is not None:
-        # Only an unambiguous key names its tenant: with two colons, either part may be it
-        # (the erasure still reaches the letter through every split of its key).
-        tenant_id = _ident(message_key.partition(":")[0]) if message_key.count(":") == 1 else None
+        # Only an unambiguous key names its tenant: with two colons, either part may be it,
+        # and an escape reads one way in an input key and another in an output key (the
+        # erasure still reaches the letter through every reading of its key).
+        splits = _key_splits(message_key)
+        tenant_id = splits[0][0] if len(splits) == 1 else None
     return LetterOwner(
         tenant_id=tenant_id,
         subject_type=subject_type if subject_id is not None else None,
@@ -149,13 +153,19 @@ def _message_key(key: bytes | None) -> str | None:
 
 
 def _key_splits(message_key: str) -> list[tuple[str, str]]:
-    """Every (tenant, entity) the key can be: a tenant id may hold a colon itself."""
+    """Every (tenant, entity) the key can be: an input key's tenant id may hold a colon
+    itself, and an output key (contract 1.2) reads as its escaped tenant id's."""
+    candidates = [
+        (message_key[:at], message_key[at + 1 :])
+        for at, char in enumerate(message_key)
+        if char == ":"
+    ]
+    candidates.append(split_output_key(message_key.encode()))
     splits = []
-    for at, char in enumerate(message_key):
-        if char == ":":
-            tenant, entity = _ident(message_key[:at]), _ident(message_key[at + 1 :])
-            if tenant is not None and entity is not None:
-                splits.append((tenant, entity))
+    for tenant_text, entity_text in candidates:
+        tenant, entity = _ident(tenant_text), _ident(entity_text)
+        if tenant is not None and entity is not None and (tenant, entity) not in splits:
+            splits.append((tenant, entity))
     return splits
 
 

@@ -231,6 +231,9 @@ class LedgerBatch:
     redelivered: int = 0
     applied: list[str] = field(default_factory=list)
     shredded: int = 0
+    # The current records of memories whose output key a null of this batch also hits: a key
+    # written before 1.2 that is theirs too (``projections.memory.current``), published again.
+    republished: dict[tuple[str, str], MemoryRecord] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
         return self.applied

@@ -25,6 +25,8 @@ from projections.deletion.ledger import (
 )
 from projections.embeddings.embedder import Embedder
 from projections.idempotency import EventKey
+from projections.memory import store as memory_store
+from projections.memory.current import current_message, erased_messages, sharing_old_key
 from projections.sealing.probes import ProbeSealer
 from projections.stores import STORE_NAMES
 from topics.codec import EventCodec, InvalidMessage, encode
@@ -40,8 +42,8 @@ from topics.registry import (
     DELETION_TOMBSTONES,
     MEMORY_CURRENT,
     TopicNames,
-    entity_headers,
-    entity_key,
+    is_key_of,
+    output_key,
 )
 from topics.schemas import SchemaRegistry
 
@@ -78,8 +80,8 @@ class LedgerCodec:
             raise InvalidMessage(
                 DeadLetterReason.INVALID_EVENT, f"no derived store is named {ack.store!r}"
             )
-        expected = entity_key(ack.tenant_id, ack.deletion_id).encode()
-        if key != expected:
+        if not is_key_of(key, ack.tenant_id, ack.deletion_id):
+            expected = output_key(ack.tenant_id, ack.deletion_id).encode()
             raise InvalidMessage(
                 DeadLetterReason.KEY_MISMATCH, f"key {key!r} does not match {expected!r}"
             )
@@ -158,24 +160,31 @@ class LedgerProjection:
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
         await record_and_erase(conn, outcome.entries, self._embedder, self._probes)
         await lifecycle.save_states(conn, [s for s in outcome.states.values() if s.stores])
+        # Read after the erasure: a memory it covers is gone, and none of these.
+        sharing = {
+            other
+            for entry in outcome.entries
+            for memory_id in entry.resolved.memories
+            if (other := sharing_old_key((entry.tenant_id, memory_id))) is not None
+        }
+        outcome.republished = await memory_store.load_records(conn, sharing)
 
     def outputs(self, outcome: LedgerBatch) -> list[OutboxMessage]:
         messages = [tombstone_message(self._topics, entry) for entry in outcome.entries]
         current = self._topics.name(MEMORY_CURRENT)
         messages += [
-            OutboxMessage(
-                current,
-                entity_key(entry.tenant_id, memory_id).encode(),
-                None,
-                entity_headers(entry.tenant_id, memory_id),
-            )
+            null
             for entry in outcome.entries
             for memory_id in entry.resolved.memories
+            for null in erased_messages(current, (entry.tenant_id, memory_id))
+        ]
+        messages += [
+            current_message(current, key, record) for key, record in outcome.republished.items()
         ]
         messages += [
             OutboxMessage(
                 self._topics.name(DELETION_STATUS),
-                entity_key(state.tenant_id, state.deletion_id).encode(),
+                output_key(state.tenant_id, state.deletion_id).encode(),
                 encode(state.status("deletion.completed")),
             )
             for state in outcome.completed
@@ -214,6 +223,6 @@ async def record_and_erase(
 def tombstone_message(topics: TopicNames, entry: LedgerEntry) -> OutboxMessage:
     return OutboxMessage(
         topics.name(DELETION_TOMBSTONES),
-        entity_key(entry.tenant_id, entry.deletion_id).encode(),
+        output_key(entry.tenant_id, entry.deletion_id).encode(),
         encode(entry.tombstone()),
     )

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
+from topics.registry import escape_id
+
 EntryKind = Literal["memory", "message"]
 KINDS: tuple[EntryKind, ...] = ("memory", "message")
 
 
 def _part(text: str) -> str:
-    """One id part with ``%`` and ``:`` escaped, so that joined parts split back one way only:
-    tenant ``acme:x`` with memory ``m1`` and tenant ``acme`` with memory ``x:m1`` were one
-    entry, and one tenant's upsert overwrote the other's. An id without either character is
-    unchanged, so the entries indexed before stay where they are."""
-    return text.replace("%", "%25").replace(":", "%3A")
+    """One id part escaped (``topics.registry.escape_id``), so that joined parts split back one
+    way only: tenant ``acme:x`` with memory ``m1`` and tenant ``acme`` with memory ``x:m1``
+    were one entry, and one tenant's upsert overwrote the other's. An id without either
+    character is unchanged, so the entries indexed before stay where they are."""
+    return escape_id(text)
 
 
 def memory_entry_id(tenant_id: str, memory_id: str) -> str:

@@ -12,11 +12,12 @@ from projections.deletion.erasure import ErasureIndex
 from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
+from projections.memory.current import current_message
 from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
-from topics.codec import EventCodec, encode
+from topics.codec import EventCodec
 from topics.memory import MemoryEvent
 from topics.messages import InputMessage
 from topics.outputs import MemoryRecord
@@ -26,8 +27,6 @@ from topics.registry import (
     MEMORY_SEALED,
     TopicNames,
     TopicSpec,
-    entity_headers,
-    entity_key,
 )
 from topics.schemas import SchemaRegistry
 
@@ -127,12 +126,7 @@ class MemoryProjection:
         read path may serve (revoked, or its content erased) gets a null value (compaction
         removes what was there)."""
         return [
-            OutboxMessage(
-                self._current_topic,
-                entity_key(*key).encode(),
-                encode(record) if record.servable else None,
-                entity_headers(*key),
-            )
+            current_message(self._current_topic, key, record)
             for key, record in outcome.records.items()
         ] + [tombstone_message(self._topics, entry) for entry in outcome.revocations]
 

@@ -43,6 +43,7 @@ from topics.registry import (
     MEMORY_REJECTIONS,
     TopicNames,
     TopicSpec,
+    input_key,
 )
 from topics.schemas import SchemaRegistry
 
@@ -184,7 +185,7 @@ class Sealer:
                     raw = seal(raw, state.keys.get)
                 value = orjson.dumps(raw)
             topic = f"{self._topics.prefix}{_raw_topic(event)}.sealed"
-            key = f"{event.tenant_id}:{event.entity_id}".encode()
+            key = input_key(event.tenant_id, event.entity_id).encode()  # the input, sealed
             sealed.messages.append(OutboxMessage(topic, key, value))
         return sealed
 

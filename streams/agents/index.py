@@ -44,8 +44,8 @@ from topics.registry import (
     MEMORY_CURRENT,
     MEMORY_REJECTIONS,
     TopicNames,
-    entity_key,
     entity_of_message,
+    output_key,
 )
 
 
@@ -197,7 +197,7 @@ class EmbeddingsIndexer:
                         if rejection.event_type == "memory.current"
                         else CONVERSATION_REJECTIONS
                     ),
-                    entity_key(rejection.tenant_id, rejection.entity_id).encode(),
+                    output_key(rejection.tenant_id, rejection.entity_id).encode(),
                     encode(rejection),
                 )
                 for rejection in plan.rejections

@@ -34,7 +34,7 @@ from topics.codec import InvalidMessage, encode
 from topics.deletion import Acknowledgement, AckStatus, Tombstone
 from topics.messages import InputMessage
 from topics.outputs import DeadLetterReason
-from topics.registry import DELETION_ACKS, TopicNames, entity_key
+from topics.registry import DELETION_ACKS, TopicNames, is_key_of, output_key
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class TombstoneHandler:
             error=error,
             attempt=attempt,
         )
-        key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
+        key = output_key(tombstone.tenant_id, tombstone.deletion_id).encode()
         return OutboxMessage(self._acks_topic, key, encode(ack))
 
     async def _acknowledge(self, acks: list[OutboxMessage]) -> None:
@@ -208,7 +208,7 @@ class TombstoneHandler:
             tombstone = Tombstone.model_validate_json(message.value or b"")
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
-        if message.key != entity_key(tombstone.tenant_id, tombstone.deletion_id).encode():
+        if not is_key_of(message.key, tombstone.tenant_id, tombstone.deletion_id):
             raise InvalidMessage(DeadLetterReason.KEY_MISMATCH, "key does not match the tombstone")
         unknown = sorted({*tombstone.required_stores, *(tombstone.for_stores or ())} - KNOWN)
         if unknown:

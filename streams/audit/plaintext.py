@@ -25,6 +25,7 @@ from topics.registry import (
     SEALED_TOPICS,
     TopicRole,
     TopicSpec,
+    split_output_key,
 )
 
 # How many ids, offsets or paths a finding shows: enough to look one up, never a dump.
@@ -177,7 +178,7 @@ def record_parts(
     and ``opened:<opener>`` for what an opener could still open (a sealed field, a dead
     letter's original)."""
     parts = []
-    if matcher.in_blob(record.key):
+    if matcher.in_blob(record.key) or _in_output_key(matcher, record.key):
         parts.append("key")
     if matcher.in_blob(record.value):
         parts.append("value")
@@ -185,6 +186,18 @@ def record_parts(
         parts.append("header")
     parts.extend(f"opened:{name}" for name, plaintext in opened if matcher.in_blob(plaintext))
     return parts
+
+
+def _in_output_key(matcher: Matcher, key: bytes | None) -> bool:
+    """In the ids an output key names (contract 1.2 escapes ``%`` and ``:`` in its tenant
+    id): a tenant id that holds the marker reads so, whatever the key shows."""
+    if not key or b"%" not in key:
+        return False
+    try:
+        tenant_id, entity_id = split_output_key(key)
+    except UnicodeDecodeError:
+        return False
+    return matcher.in_text(f"{tenant_id}:{entity_id}")
 
 
 def within_window(

@@ -30,7 +30,9 @@ import environment
 import erasure_load
 import freshness
 import http_api
+import phases
 import pipeline
+import projection
 import rss
 import scale_out
 import store_memory
@@ -74,6 +76,59 @@ def test_freshness_waits_for_the_versions_events_make() -> None:
         tenant, memory, version = made[index]
         assert version > latest.get((tenant, memory), 0)
         latest[(tenant, memory)] = version
+
+
+class UnsupportedCodecError(Exception):
+    """As aiokafka raises it for lz4 batches without its compression extra."""
+
+
+NO_LZ4 = "Libraries for lz4 compression codec not found"
+
+
+def test_a_failing_phase_is_reported_and_every_other_phases_figures_are_printed_and_saved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def faust_without_lz4() -> dict[str, float]:
+        raise UnsupportedCodecError(NO_LZ4)
+
+    cpu = {"memory workers": 120.0, "postgres backends": 50.0}
+    run = phases.Phases()
+    figures: dict[str, Any] = {}
+
+    def phase(name: str, measure: Any, needs: tuple[str, ...] = ()) -> None:
+        found = run.run(name, measure, needs)
+        if found is not None:
+            figures[name] = found
+
+    phase(projection.BARE_UPSERT_FIRST, lambda: {"seconds": 1.0, "cpu_us_per_event": cpu})
+    phase(projection.LIVE_APPLY, lambda: {"seconds": 2.0, "cpu_us_per_event": cpu})
+    phase(projection.RAW_CONSUME, lambda: {"seconds": 0.01})
+    phase(projection.FAUST_NOOP, faust_without_lz4)
+    phase("after it", lambda: {"figure": 1}, needs=(projection.FAUST_NOOP,))
+    phase(projection.BARE_UPSERT_LAST, lambda: {"seconds": 1.0, "cpu_us_per_event": cpu})
+    assert run.failed == {
+        projection.FAUST_NOOP: f"UnsupportedCodecError: {NO_LZ4}",
+        "after it": f"not run: {projection.FAUST_NOOP} failed",
+    }
+    assert "UnsupportedCodecError" in capsys.readouterr().err  # its traceback, as it happened
+
+    result = projection.summary(figures, run.failed, 2001, 1000, 1, {"memory": 120.0}, [])
+    saved = orjson.loads(projection.save(result, tmp_path).read_text())
+    projection.report(result, 1000)
+    printed = capsys.readouterr().out
+
+    assert saved["projection_apply_events_per_s"] == 1000
+    assert saved["bare_upsert_events_per_s"] == 2001
+    assert saved["apply_vs_bare_upsert"] == 0.5 and saved["apply_vs_raw_consume"] == 0.005
+    assert "faust_noop_agent_events_per_s" not in saved and "apply_vs_faust_noop" not in saved
+    assert saved["failed_phases"] == run.failed
+    assert saved["targets"]["live apply >= 0.5x bare upsert"] is True
+    assert saved["targets"]["rebuild >= 2x live apply"] is None
+    assert "projection apply (pipeline)" in printed and "1,000 events/s" in printed
+    assert "raw confluent-kafka consume" in printed
+    assert not [line for line in printed.splitlines() if "faust" in line and "events/s" in line]
+    assert "FAILED phases" in printed
+    assert f"UnsupportedCodecError: {NO_LZ4}" in printed
 
 
 def test_peak_rss_is_read_per_kind() -> None:

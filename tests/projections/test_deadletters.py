@@ -127,6 +127,14 @@ def test_a_key_alone_names_its_tenant_only_when_unambiguous_and_every_split_for_
     assert conversation_key("acme:x", "m1") in keys
 
 
+def test_an_output_keys_escaped_tenant_id_is_one_more_reading_for_erasure() -> None:
+    # A dead letter of memory.current (contract 1.2): tenant "acme:x", memory "m1".
+    owner = owner_of(b"acme%3Ax:m1", b"{broken")
+    assert owner.tenant_id is None  # as an input key, the tenant would be "acme%3Ax"
+    keys = owner.erasure_keys()
+    assert memory_key("acme:x", "m1") in keys and memory_key("acme%3Ax", "m1") in keys
+
+
 def test_a_subject_without_its_type_or_id_is_no_subject() -> None:
     value = orjson.dumps({"tenant_id": "acme", "payload": {"subject": {"id": "u1"}}})
     owner = owner_of(None, value)

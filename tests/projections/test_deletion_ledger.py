@@ -227,6 +227,16 @@ def test_the_ledger_codec_decodes_acks_and_dead_letters_what_it_cannot_read() ->
         assert raised.value.code == code, value
 
 
+def test_an_acknowledgement_is_keyed_by_its_output_key_or_as_before_1_2() -> None:
+    codec = LedgerCodec(SCHEMAS)
+    escaped = ack("cache").model_copy(update={"tenant_id": "t:1"})
+    for key in (b"t%3A1:d1", b"t:1:d1"):  # contract 1.2, and an ack published before it
+        assert codec.decode(key, encode(escaped)) == escaped
+    with pytest.raises(InvalidMessage) as raised:
+        codec.decode(b"t:1%3Ad1", encode(escaped))
+    assert raised.value.code == DeadLetterReason.KEY_MISMATCH
+
+
 def test_the_topic_decides_what_a_ledger_message_may_be() -> None:
     topics = TopicNames("p.")
     codec = LedgerCodec(SCHEMAS, topics)

@@ -21,7 +21,7 @@ from streams.settings import Settings
 from support.fakes import Publisher, Source, Stops, loop_for
 from topics.messages import InputMessage
 from topics.outputs import MemoryRecord
-from topics.registry import MEMORY_CURRENT, TopicNames, entity_headers, entity_key
+from topics.registry import MEMORY_CURRENT, TopicNames, entity_headers, output_key
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def change(offset: int, memory_id: str, subject: tuple[str, str] | None) -> Inpu
         )
         value = record.model_dump_json().encode()
     headers = [(name, value.encode()) for name, value in entity_headers("acme", memory_id)]
-    return InputMessage(TOPIC, 0, offset, entity_key("acme", memory_id).encode(), value, headers)
+    return InputMessage(TOPIC, 0, offset, output_key("acme", memory_id).encode(), value, headers)
 
 
 def cached(memory_id: str) -> dict[str, Any]:
@@ -145,6 +145,6 @@ def test_a_failure_about_one_change_invalidates_the_batch_one_at_a_time(namespac
     assert cache.invalidations == [3, 1, 1, 1]
     assert left == {"alice": False, "bob": True, "bob_tea": False, "carol": True}
     assert [(m.topic, m.key) for m in publisher.published] == [
-        (TOPIC + ".dlq", entity_key("acme", "m_broken").encode())
+        (TOPIC + ".dlq", output_key("acme", "m_broken").encode())
     ]
     assert source.acked == [0, 1, 2]

@@ -9,10 +9,13 @@ import asyncio
 import time
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
@@ -30,6 +33,8 @@ from projections.bookkeeping import (
     publish_pending_outbox,
     remove_pending_messages,
 )
+from projections.embeddings.vectors import VectorStoreMissing
+from streams.cli import cli
 from streams.compaction import (
     MARKER_KEY,
     KafkaSegmentRoller,
@@ -42,6 +47,7 @@ from streams.kafka import admin_config, config_changes, create_topics, delete_to
 from streams.kafka import producer_config as kafka_producer_config
 from streams.metrics import Metrics
 from streams.sample import EventFactory
+from streams.services import open_vector_store
 from streams.settings import Settings
 from topics.registry import (
     COMPACTION_MAX_LAG_MS,
@@ -51,7 +57,8 @@ from topics.registry import (
     MEMORY_EVENTS,
     TopicNames,
     entity_headers,
-    entity_key,
+    input_key,
+    output_key,
 )
 
 # -- the decision and the bound ---------------------------------------------------------------
@@ -197,7 +204,7 @@ def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) ->
             headers: list[tuple[str, str | bytes | None]] = [
                 (n, v.encode()) for n, v in entity_headers("acme", memory_id)
             ]
-            producer.produce(topic, value, entity_key("acme", memory_id).encode(), headers=headers)
+            producer.produce(topic, value, output_key("acme", memory_id).encode(), headers=headers)
 
         produce("m_erased", secret)
         produce("m_kept", stale)
@@ -233,7 +240,7 @@ def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) ->
 def current_value(memory_id: str) -> OutboxMessage:
     return OutboxMessage(
         "x.memory.current",
-        entity_key("acme", memory_id).encode(),
+        output_key("acme", memory_id).encode(),
         b'{"text": "about to be erased"}',
         entity_headers("acme", memory_id),
     )
@@ -359,7 +366,7 @@ def test_an_erasure_removes_a_value_still_in_the_outbox_and_its_null_is_the_last
     env.produce_events(
         [f.deletion("acme", "d1", {"type": "memory", "id": "m_secret"})], DELETION_REQUESTS
     )
-    key = entity_key("acme", "m_secret").encode()
+    key = output_key("acme", "m_secret").encode()
 
     def nulled() -> list[Any] | None:
         log = read_log(env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT))
@@ -375,3 +382,132 @@ def test_an_erasure_removes_a_value_still_in_the_outbox_and_its_null_is_the_last
     assert records is not None and [value for *_, value in records] == [None]
     everything = read_log(env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT))
     assert not any(value and b"SECRET-in-outbox" in value for *_, value in everything)
+
+
+def compact_within_seconds(env: Any) -> None:
+    """memory.current compacted within seconds rather than minutes (with a deletion worker
+    whose roll check runs every 0.5 s)."""
+    bootstrap, topic = env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT)
+    quick = {"segment.ms": "1000", "max.compaction.lag.ms": "1000"}
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in quick.items()
+        ],
+    )
+    admin = AdminClient(admin_config(bootstrap))
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result()
+    env.wait_until(
+        lambda: all(topic_config(bootstrap, topic)[k] == v for k, v in quick.items()),
+        "the test-sized compaction configs",
+    )
+
+
+def vectors(env: Any) -> dict[str, list[str]]:
+    """The memories in the vector store, per tenant."""
+    try:
+        store = open_vector_store(env.settings, create=False)
+    except VectorStoreMissing:
+        return {}  # until the embeddings worker has created it
+    return {t: sorted(e.memory_id or "" for e in store.entries(t)) for t in store.tenants()}
+
+
+def current_log(env: Any) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    return read_log(env.settings.kafka_bootstrap, env.topic(MEMORY_CURRENT))
+
+
+def values(log: list[Any], marker: bytes) -> list[bytes]:
+    return [value for *_, value in log if value and marker in value]
+
+
+def replay_vectors(env: Any) -> dict[str, list[str]]:
+    """``memproj replay embeddings --swap`` (the embeddings worker stopped), then the store."""
+    env.workers[[w.kind for w in env.workers].index("embeddings")].stop()
+    rebuilt = CliRunner().invoke(
+        cli, ["replay", "embeddings", "--swap", "--json"], env=env.settings.as_environment()
+    )
+    assert rebuilt.exit_code == 0 and orjson.loads(rebuilt.output)["swapped"], rebuilt.output
+    return vectors(env)
+
+
+# Tenant "a" with memory "b:m" and tenant "a:b" with memory "m": one input key, "a:b:m".
+MEMORY_A, MEMORY_AB = ("a", "b:m"), ("a:b", "m")
+
+
+def two_tenants_indexed(env: Any) -> EventFactory:
+    f = EventFactory(id_prefix="k", clock=datetime.now(UTC) - timedelta(minutes=5))
+    env.produce_events(
+        [
+            f.proposed(*MEMORY_A, ("user", "u1"), {"text": "ALPHA value"}),
+            f.proposed(*MEMORY_AB, ("user", "u1"), {"text": "BRAVO value"}),
+        ]
+    )
+    env.start("memory", "embeddings")
+    env.worker("deletion", compaction_roll_check_seconds=0.5)
+    env.wait_caught_up()
+    env.wait_until(lambda: vectors(env) == {"a": ["b:m"], "a:b": ["m"]}, "both indexed")
+    return f
+
+
+@pytest.mark.integration
+def test_tenants_whose_input_keys_are_equal_keep_their_records_and_vectors_apart(
+    env: Any,
+) -> None:
+    """On memory.current their keys differ (contract 1.2): erasing one compacts away its own
+    record only, and the vector store, rebuilt from memory.current, keeps the other's."""
+    f = two_tenants_indexed(env)
+    compact_within_seconds(env)
+    env.produce_events([f.deletion("a", "d1", {"type": "memory", "id": "b:m"})], DELETION_REQUESTS)
+    env.wait_until(lambda: vectors(env) == {"a:b": ["m"]}, "tenant a's vector erased")
+
+    erased_key = output_key(*MEMORY_A).encode()
+
+    def compacted() -> list[Any] | None:
+        log = current_log(env)
+        return log if [v for *_, k, v in log if k == erased_key] == [None] else None
+
+    log = env.wait_until(compacted, "the cleaner to leave tenant a's key only its null", 180)
+    assert values(log, b"ALPHA") == []
+    # Tenant a:b's memory m keeps its record, under a key of its own.
+    assert values(log, b"BRAVO") != []
+    assert {key for _, _, key, value in log if value} == {output_key(*MEMORY_AB).encode()}
+    assert vectors(env) == {"a:b": ["m"]}
+    assert replay_vectors(env) == {"a:b": ["m"]}
+
+
+@pytest.mark.integration
+def test_an_erasure_reaches_a_record_written_under_its_pre_1_2_key_and_spares_the_other(
+    env: Any,
+) -> None:
+    """A record written before 1.2 keeps its input key: "a:b:m" for tenant a:b's memory m,
+    which is tenant a's memory b:m's key too. Erasing tenant a:b's memory nulls that key as
+    well, and publishes tenant a's record again after the null."""
+    f = two_tenants_indexed(env)
+    # What the release before 1.2 wrote of tenant a:b's memory: the record under its input key.
+    (record,) = [v for *_, k, v in current_log(env) if k == output_key(*MEMORY_AB).encode()]
+    assert record is not None
+    producer = Producer(kafka_producer_config(env.settings.kafka_bootstrap))
+    producer.produce(
+        env.topic(MEMORY_CURRENT),
+        record.replace(b"BRAVO value", b"BRAVO as written before 1.2"),
+        input_key(*MEMORY_AB).encode(),
+        headers=[(n, v.encode()) for n, v in entity_headers(*MEMORY_AB)],
+    )
+    assert producer.flush(10) == 0
+    compact_within_seconds(env)
+    env.produce_events([f.deletion("a:b", "d1", {"type": "memory", "id": "m"})], DELETION_REQUESTS)
+    env.wait_until(lambda: vectors(env) == {"a": ["b:m"]}, "tenant a:b's vector erased")
+
+    shared_key = input_key(*MEMORY_AB).encode()
+
+    def compacted() -> list[Any] | None:
+        log = current_log(env)
+        return None if values(log, b"BRAVO") else log
+
+    log = env.wait_until(compacted, "the cleaner to remove every record of tenant a:b", 180)
+    # Tenant a's memory b:m: its record, published again after the null of the shared key.
+    assert [v for *_, k, v in log if k == shared_key][-1] == values(log, b"ALPHA")[-1]
+    assert replay_vectors(env) == {"a": ["b:m"]}

@@ -47,6 +47,7 @@ from topics.registry import (
     MEMORY_EVENTS,
     MEMORY_REJECTIONS,
     MEMORY_SEALED,
+    output_key,
 )
 
 # -- the pure core -------------------------------------------------------------------------
@@ -86,6 +87,13 @@ def test_record_parts_and_raw_window() -> None:
     assert within_window(TopicKind.RAW_INPUT, 1000, 1501, 500) is False
     assert within_window(TopicKind.RAW_INPUT, None, 1501, 500) is False
     assert within_window(TopicKind.SEALED, 1000, 1000, 500) is None
+
+
+def test_a_marker_in_an_output_keys_escaped_tenant_id_is_found() -> None:
+    matcher = Matcher.of("org:mk-2")
+    key = output_key("org:mk-2", "m1").encode()  # org%3Amk-2:m1
+    assert record_parts(matcher, TopicRecord("t", 0, 1, 1000, key, None)) == ["key"]
+    assert record_parts(matcher, TopicRecord("t", 0, 2, 1000, b"org:m1", None)) == []
 
 
 def test_a_file_is_searched_across_chunk_boundaries(tmp_path: Path) -> None:

@@ -381,3 +381,108 @@ def test_a_conversation_with_new_data_after_its_erasure_still_rebuilds(env: Any)
     assert rebuilt.differences == {}, rebuilt.to_json()
     vectors = asyncio.run(replay_embeddings(env.settings, swap="never"))
     assert vectors.events >= 2 and not vectors.swapped
+
+
+def test_a_second_swapped_rebuild_keeps_what_the_live_workers_applied_during_it(
+    env: Any,
+) -> None:
+    """Two swapped rebuilds of each projection, the second with live traffic (revocations
+    included) applied while it reads: afterwards each projection equals a projection of
+    every event. The first swap must leave no tracking row that the second swap's catch-up
+    would take for the live worker's progress."""
+    f = EventFactory(id_prefix="swaps")
+    memory_topic, conversation_topic = env.topic(MEMORY_EVENTS), env.topic(CONVERSATION_EVENTS)
+    mixed_stream(env)
+    env.start("memory", "conversation")
+    caught_up(env)
+    environment = env.settings.as_environment()
+    for kind in ("memory", "conversation"):
+        first = CliRunner().invoke(cli, ["replay", kind, "--swap", "--json"], env=environment)
+        assert first.exit_code == 0 and orjson.loads(first.output)["swapped"], first.output
+
+    # Applied live between the two rebuilds: in the second one's read.
+    env.produce(
+        memory_topic,
+        [to_message(f.proposed("tenant_0", f"between_{n}", ALICE)) for n in range(3)],
+    )
+    env.produce(
+        conversation_topic,
+        [
+            to_message(f.started("tenant_0", "c_between", ALICE)),
+            to_message(f.message("tenant_0", "c_between", "m1", "user", "before the rebuild")),
+        ],
+    )
+    caught_up(env)
+
+    # Applied live while the second rebuild reads: after its end offsets, before its swap.
+    during = {
+        "memory": (
+            memory_topic,
+            MEMORY_EVENTS,
+            [
+                f.revoked("tenant_0", "between_0", "the user withdrew it"),
+                f.verified("tenant_0", "between_1", 1),
+                f.proposed("tenant_1", "during_0", ALICE),
+                f.revoked("tenant_1", "during_0", "proposed and withdrawn"),
+                f.proposed("tenant_2", "during_1", ALICE),
+            ],
+        ),
+        "conversation": (
+            conversation_topic,
+            CONVERSATION_EVENTS,
+            [
+                f.message("tenant_0", "c_between", "m2", "assistant", "during the rebuild"),
+                f.started("tenant_1", "c_during", ALICE),
+                f.message("tenant_1", "c_during", "m1", "user", "also during it"),
+            ],
+        ),
+    }
+
+    def second_swap(projection: Any) -> None:
+        topic, spec, events = during[projection.name]
+        applied: list[bool] = []
+
+        def live_traffic(progress: Any) -> None:
+            if applied:
+                return
+            applied.append(True)
+            env.produce(topic, [to_message(event) for event in events])
+            # Waited for in a thread of its own: this one runs the replay's event loop.
+            waiter = threading.Thread(target=env.wait_caught_up, args=(spec, projection.name))
+            waiter.start()
+            waiter.join()
+
+        report = asyncio.run(
+            replay_projection(env.settings, projection, swap="always", on_progress=live_traffic)
+        )
+        assert applied and report.swapped, report.to_json()
+
+    second_swap(memory_projection(env.settings))
+    second_swap(conversation_projection(env.settings, Metrics(CollectorRegistry())))
+    caught_up(env)
+
+    def status(tenant: str, memory_id: str) -> str | None:
+        with env.connect() as conn:
+            row = conn.execute(
+                "SELECT status FROM memories WHERE tenant_id = %s AND memory_id = %s",
+                (tenant, memory_id),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    assert status("tenant_0", "between_0") == "revoked"  # not undone by the swap
+    assert status("tenant_0", "between_1") == "verified"
+    assert status("tenant_1", "during_0") == "revoked"
+    assert status("tenant_2", "during_1") == "proposed"
+    with env.connect() as conn:
+        messages = conn.execute(
+            "SELECT conversation_id, count(*) FROM conversation_messages"
+            " WHERE conversation_id IN ('c_between', 'c_during') GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert messages == [("c_between", 2), ("c_during", 1)]
+    # Each projection equals a projection of every event: a third rebuild, compared only.
+    for projection in (
+        memory_projection(env.settings),
+        conversation_projection(env.settings, Metrics(CollectorRegistry())),
+    ):
+        check = asyncio.run(replay_projection(env.settings, projection, swap="never"))
+        assert check.differences == {}, check.to_json()

@@ -32,7 +32,7 @@ from support.fakes import Publisher, Source, Stops, loop_for
 from support.vector_entries import EMBEDDER, memory
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 from topics.messages import InputMessage
-from topics.registry import DELETION_TOMBSTONES, TopicNames, entity_key
+from topics.registry import DELETION_TOMBSTONES, TopicNames, output_key
 
 NOW = datetime(2026, 9, 1, 12, tzinfo=UTC)
 TOPICS = TopicNames("t.")
@@ -55,7 +55,7 @@ def tombstone_message(deletion_id: str, offset: int = 0) -> InputMessage:
 
 
 def message_of(tombstone: Tombstone, offset: int) -> InputMessage:
-    key = entity_key(tombstone.tenant_id, tombstone.deletion_id).encode()
+    key = output_key(tombstone.tenant_id, tombstone.deletion_id).encode()
     return InputMessage(TOMBSTONES, 0, offset, key, tombstone.model_dump_json().encode(), ())
 
 

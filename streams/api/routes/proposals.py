@@ -41,7 +41,7 @@ from topics.api.writes import (
 )
 from topics.codec import EventCodec, InvalidMessage
 from topics.envelope import Envelope
-from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicSpec, entity_key
+from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicSpec, input_key
 from topics.schemas import default_schemas
 
 router = APIRouter(prefix="/v1", tags=["proposals"])
@@ -84,7 +84,7 @@ def claimed_key(body: bytes, entity_field: str) -> bytes:
     tenant, entity = raw.get("tenant_id"), raw["payload"].get(entity_field)
     if not isinstance(tenant, str) or not isinstance(entity, str):
         return b""
-    return entity_key(tenant, entity).encode()
+    return input_key(tenant, entity).encode()
 
 
 def decode_proposal(topic: InputTopic, body: bytes, max_value_bytes: int) -> tuple[Envelope, bytes]:
