@@ -352,7 +352,7 @@ def _outbox_message(row: Sequence[Any]) -> OutboxMessage:
     )
 
 
-# -- publishing with the rows locked (issue 15) -------------------------------------------
+# -- publishing with the rows locked ------------------------------------------------------
 # A publisher holds the rows it publishes locked (FOR UPDATE) from before the publication until
 # their deletion commits. An erasure deletes its memories' pending rows in its own transaction
 # (``remove_pending_messages``): it either waits for a publication in progress and then finds
@@ -522,7 +522,7 @@ class HandoverTracking(PostgresTracking):
     partition it has never tracked starts where the predecessor's tracking of the same topic
     and partition stands, so that what the predecessor applied is not applied again.
 
-    The upgrade to the one-hop stages (issue 17): the memory and conversation workers read the
+    The upgrade to the one-hop stages: the memory and conversation workers read the
     raw topics the sealer read. Everything below the sealer's tracked raw offsets is in the
     sealed log already, and projected once the old workers caught up on it; the fused worker
     starts right after. Read in the batch's transaction, the first time a partition is seen:

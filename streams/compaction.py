@@ -1,4 +1,4 @@
-"""``memory.current``'s compaction, bounded (issue 15).
+"""``memory.current``'s compaction, bounded.
 
 The topic's configs (``topics.registry.MEMORY_CURRENT``) make a rolled segment due for
 cleaning within ``max.compaction.lag.ms``. That leaves the active segment, which the cleaner

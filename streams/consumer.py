@@ -75,7 +75,7 @@ def group_consumer_overrides(settings: GroupConsumerSettings) -> dict[str, objec
         "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": session_ms,
         "heartbeat.interval.ms": min(3000, session_ms // 3),
-        # The prefetch queue, bounded in events and in bytes (issue 14).
+        # The prefetch queue, bounded in events and in bytes.
         "queued.min.messages": settings.limits.max_events,
         "queued.max.messages.kbytes": max(1, settings.limits.max_bytes // 1024),
         # Freshness (ops/decisions/freshness.md): a message waits for its batch at most the

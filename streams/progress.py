@@ -140,5 +140,5 @@ async def wait_pipeline(
 ) -> None:
     """Wait until ``projection`` has applied everything in ``raw`` as of this call and
     published what that produced (the sealed log among it): the memory and conversation
-    workers seal and project their raw topic in one stage (issue 17)."""
+    workers seal and project their raw topic in one stage."""
     await wait_caught_up(conn, bootstrap, projection, topics.name(raw), deadline_seconds, interval)

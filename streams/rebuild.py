@@ -1,5 +1,5 @@
-"""The memory projection rebuilt from earliest into an empty shadow, on its own path (issue 17,
-ops/decisions/rebuild.md).
+"""The memory projection rebuilt from earliest into an empty shadow, on its own path
+(ops/decisions/rebuild.md).
 
 A rebuild from the start of the sealed log writes a shadow nobody else writes but erasures,
 and publishes nothing. ``MemoryRebuild`` applies it in large chunks, one transaction each,

@@ -34,7 +34,7 @@ PROJECTION_KINDS = frozenset({"memory", "conversation"})
 # the projections, whatever its worker kind (ops/decisions/erasure-latency.md).
 LATENCY_BOUND_INPUTS = frozenset({DELETION_REQUESTS.base_name})
 
-# -- secrets (issue 16) ---------------------------------------------------------------------
+# -- secrets --------------------------------------------------------------------------------
 
 # Published in this repository: it protects nothing, so only local development may use it.
 DEVELOPMENT_MASTER_KEY = "bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE="
@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma separated)"
     )
-    # -- Kafka client security (issue 16): every client memproj builds uses it (``kafka``)
+    # -- Kafka client security: every client memproj builds uses it (``kafka``)
     kafka_security_protocol: SecurityProtocol = Field(
         SecurityProtocol.PLAINTEXT,
         description="how clients connect to Kafka: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
@@ -206,7 +206,7 @@ class Settings(BaseSettings):
         description="rebuild shadows (replay_*) and retired tables (retired_*) are dropped "
         "this long after they were created; until then every erasure reaches them too",
     )
-    # -- topic lifetimes (issue 15: raw input trimmed once sealed, memory.current compaction)
+    # -- topic lifetimes (raw input trimmed once sealed, memory.current compaction)
     raw_input_trim_seconds: float = Field(
         5.0,
         description="the most time between the memory or conversation worker committing a "
@@ -244,7 +244,7 @@ class Settings(BaseSettings):
         description="port of the worker's /metrics endpoint; unset: the kind's own port "
         "(memory 9101), 0: disabled",
     )
-    # -- probes and shutdown (issue 16: /healthz, /readyz, graceful SIGTERM)
+    # -- probes and shutdown (/healthz, /readyz, graceful SIGTERM)
     shutdown_timeout_seconds: float = Field(
         30.0,
         description="the most a worker's stop takes after SIGTERM: the batch in progress "
@@ -262,7 +262,7 @@ class Settings(BaseSettings):
         "seconds, at least 2)",
     )
     # -- end of probes and shutdown
-    # -- the HTTP API (issue 18: memproj serve)
+    # -- the HTTP API (memproj serve)
     api_host: str = Field("127.0.0.1", description="address memproj serve binds")
     api_port: int = Field(8080, description="port memproj serve listens on (0: any free port)")
     api_rate_limit: str = Field(
@@ -303,7 +303,7 @@ class Settings(BaseSettings):
     )
     # -- end of the HTTP API
     log_level: str = Field("info", description="worker log level")
-    # -- secrets and master keys (issue 16: SecretStr, *_FILE, rotation) -----------------------
+    # -- secrets and master keys (SecretStr, *_FILE, rotation) ---------------------------------
     environment: Literal["production", "local"] = Field(
         "production",
         description="'local' (development: ops/stack env, the demo, the tests) lets workers use "
@@ -364,7 +364,7 @@ class Settings(BaseSettings):
         )
         return KafkaCluster(self.kafka_bootstrap, security)
 
-    # -- secrets and master keys (issue 16) ---------------------------------------------------
+    # -- secrets and master keys --------------------------------------------------------------
     @model_validator(mode="before")
     @classmethod
     def _read_secrets(cls, data: Any) -> Any:

@@ -1,8 +1,8 @@
-"""Raw input dropped as soon as it is sealed (issue 15).
+"""Raw input dropped as soon as it is sealed.
 
 ``memory.events`` and ``conversation.events`` carry personal data in plaintext. The worker that
 seals a raw topic (the memory worker ``memory.events``, the conversation worker
-``conversation.events``: one stage since issue 17) is done with a record once it has committed
+``conversation.events``: one stage) is done with a record once it has committed
 the record's sealed copy, in the transaction that also moves its tracked offsets
 (``projection_offsets`` in PostgreSQL): from then on the sealed copy is durable (in the outbox,
 then in the sealed log), and nothing in memproj reads the raw record again. So that worker

@@ -215,7 +215,7 @@ def sealer(settings: Settings, raw: TopicSpec) -> Sealer:
     )
 
 
-# The worker kind that sealed both raw topics before the one-hop stages (issue 17): a fused
+# The worker kind that sealed both raw topics before the one-hop stages: a fused
 # worker takes over its raw offsets (``HandoverTracking``).
 SEALER = "sealer"
 # The raw topic each one-hop projection seals and projects.
@@ -257,7 +257,7 @@ def build_fused_worker(
         return build_projection_worker(settings, metrics, projection)
     (raw,) = source.specs
     fused = SealingProjection(sealer(settings, raw), projection)
-    # Topic lifetimes (issue 15): the raw input is deleted up to what this stage committed.
+    # Topic lifetimes: the raw input is deleted up to what this stage committed.
     return build_projection_worker(
         settings,
         metrics,
@@ -326,7 +326,7 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
                 else None,
                 purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
             ),
-            # Topic lifetimes (issue 15): memory.current's segments roll (streams.compaction).
+            # Topic lifetimes: memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics),
         ]
 

@@ -307,7 +307,7 @@ def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Setti
             "cache_namespace": f"memproj-{name}",
             "deletion_check_interval_seconds": 0.2,
             "deletion_redelivery_seconds": 1.0,
-            # The tests use the published development master key (issue 16).
+            # The tests use the published development master key.
             "environment": "local",
         }
     )

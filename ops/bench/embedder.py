@@ -1,4 +1,4 @@
-"""The embeddings worker with each embedder, side by side in one run (issue 18).
+"""The embeddings worker with each embedder, side by side in one run.
 
     .venv/bin/python ops/bench/embedder.py [--memories 4000] [--rounds 2]
         [--embedders hashing,wordllama]

@@ -1,4 +1,4 @@
-"""The WordLlama embedder of two source trees side by side: memory and speed (issue 17).
+"""The WordLlama embedder of two source trees side by side: memory and speed.
 
     .venv/bin/python ops/bench/embedder_trees.py A_TREE B_TREE [--texts 20000] [--rounds 2]
 

@@ -1,4 +1,4 @@
-"""The HTTP API under load: recall and semantic search over 100,000 memories (issue 18).
+"""The HTTP API under load: recall and semantic search over 100,000 memories.
 
     flock /tmp/bench.lock .venv/bin/python ops/bench/http_api.py [--memories 100000]
         [--subjects 2000] [--rate 20] [--search-rate 5] [--seconds 20] [--json PATH]

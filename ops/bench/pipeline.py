@@ -1,6 +1,6 @@
 """The workers under the benchmark: ``memproj worker KIND`` processes of one benchmark
 environment, and the live pipeline: ``memory`` workers, which validate, seal and project the
-raw topic in one stage (issue 17, ops/decisions/one-hop.md), timed while the stream is
+raw topic in one stage (ops/decisions/one-hop.md), timed while the stream is
 produced or from a backlog. The shared base of ops/bench/projection.py and its parts."""
 
 from __future__ import annotations

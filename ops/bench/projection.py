@@ -1,4 +1,4 @@
-"""Memory projection apply rate, beside its baselines, and every target of issue 17, in one run.
+"""Memory projection apply rate, beside its baselines, and every target of the hot path, in one run.
 
     .venv/bin/python ops/bench/projection.py [--memories 40000] [--workers 1]
         [--no-backlog] [--no-rebuild] [--no-freshness] [--no-every-worker] [--no-erasure]
@@ -16,7 +16,7 @@ For the same sample stream in the same Kafka and PostgreSQL it measures:
   faust's per-event machinery costs the agents that still run on it;
 - projection apply: ``memproj worker memory`` (batches from librdkafka, validation, sealing,
   reduce, one transaction per batch, outbox publish of the sealed log and memory.current,
-  offsets committed: one stage since issue 17, ops/decisions/one-hop.md), from the first
+  offsets committed: one stage, ops/decisions/one-hop.md), from the first
   produced event to the last committed row;
 - the same stage from a backlog, in an environment of its own: the stream produced while the
   memory workers are paused, timed from their resumption (the stage's own rate from its
@@ -97,7 +97,7 @@ RESULTS = REPO / "ops" / "bench" / "results"
 
 def raw_consume(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
     """Reads the stream from a topic of its own: the live pipeline's raw input is deleted
-    once sealed (issue 15), so it cannot be read again."""
+    once sealed, so it cannot be read again."""
     count = len(messages)
     produce(settings, messages)
     topic = settings.topics.name(MEMORY_EVENTS)
@@ -542,7 +542,7 @@ def projection_checksum(settings: Settings) -> dict[str, Any]:
 
 
 def targets(result: dict[str, Any]) -> dict[str, bool | None]:
-    """Issue 17's targets, met or not (None: not measured in this run)."""
+    """The hot path's targets, met or not (None: not measured in this run)."""
     freshness = result.get("freshness")
     freshness_loaded = result.get("freshness_every_worker")
     erasure = result.get("erasure_under_load")
@@ -575,7 +575,7 @@ def targets(result: dict[str, Any]) -> dict[str, bool | None]:
 
 
 def report(result: dict[str, Any], versions: int) -> None:
-    """The run as a table, in the order of issue 17's targets: what was measured, and which
+    """The run as a table, in the order of the hot path's targets: what was measured, and which
     phases failed, with their errors."""
     count = result["events"]
     print(f"{count} events ({versions} versions) of the sample stream, one run:")

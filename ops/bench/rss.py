@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-LIMIT_MB = 300.0  # issue 17: every worker's RSS stays under it through the benchmark
+LIMIT_MB = 300.0  # the hot path's target: every worker's RSS stays under it through the benchmark
 
 
 def peak_rss_mb(pid: int) -> float | None:

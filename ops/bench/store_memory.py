@@ -1,4 +1,4 @@
-"""Peak resident memory of what the vector-store workers do with a large store (issue 17).
+"""Peak resident memory of what the vector-store workers do with a large store.
 
     .venv/bin/python ops/bench/store_memory.py [--vectors 80000] [--baseline TREE]
 

@@ -1,3 +1,3 @@
-"""Who may read what through the HTTP API (issue 18): API keys, the purpose policy, and the
+"""Who may read what through the HTTP API: API keys, the purpose policy, and the
 read audit. The rules are pure (``keys.parse_key``, ``policy``); the stores beside them hold
 only hashes, ids and policy rows, never content."""

@@ -59,7 +59,7 @@ class ConversationProjection:
         await self.codec.load_keys(conn, (m.value for m in messages))
 
     # ``load`` takes the shared tenant locks before it reads (the order of every projection
-    # before issue 17's late locks; see ``streams.runner``).
+    # before the memory stage's late locks; see ``streams.runner``).
     locks_late = False
 
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:

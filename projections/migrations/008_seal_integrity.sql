@@ -1,4 +1,4 @@
--- Integrity of the sealing (issue 15): unambiguous key wrapping, and probes nobody without the
+-- Integrity of the sealing: unambiguous key wrapping, and probes nobody without the
 -- master key can test a guess against.
 
 -- How each data key is wrapped (projections/sealing/keys.py): 1 for every key created before

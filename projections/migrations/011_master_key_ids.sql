@@ -1,4 +1,4 @@
--- Master-key rotation (issue 16): every wrapped key names the master key that wrapped it.
+-- Master-key rotation: every wrapped key names the master key that wrapped it.
 -- Rows from before this migration were wrapped by the one key of MEMPROJ_MASTER_KEY, whose id
 -- is 'default'; the default also covers a worker of the previous release still writing during
 -- an upgrade (it knows that key only). `memproj keys rotate` re-wraps every row under the

@@ -1,4 +1,4 @@
--- The HTTP API's access control (issue 18): API keys, the purpose policy, the read audit, and
+-- The HTTP API's access control: API keys, the purpose policy, the read audit, and
 -- the proposals accepted once. Nothing here holds memory or message content.
 
 -- A key is `mpk_<key_id>_<secret>`: only the SHA-256 of the secret is stored.

@@ -1,5 +1,5 @@
 """One stage from the raw topic to the projection: seal and project in one transaction
-(issue 17, ops/decisions/one-hop.md).
+(ops/decisions/one-hop.md).
 
 ``SealingProjection(sealer, projection)`` is a ``streams.runner.Projection`` on the raw topic.
 Per batch, in the runner's one transaction: the sealer's codec validates each message once
@@ -10,7 +10,7 @@ the batch is reduced, ``lock`` takes the shared tenant locks, re-reads the erasu
 same keys and stores the new keys, or, if an erasure was recorded since (or another worker
 stored one of the keys), reads again under the locks and the runner reduces again. For one
 that does not (conversations), the shared tenant locks are taken first, then everything is
-read and the missing keys created, as before issue 17's late locks. The validated events are
+read and the missing keys created, as before the memory stage's late locks. The validated events are
 sealed (``Sealer.reduce``: the sealed log's messages,
 erased entities written without their personal fields) and reduced by the projection's own
 reducer; the projection is saved, and the sealed messages are outbox outputs like

@@ -7,9 +7,9 @@ entity's data key, and makes the sealed event, in the same partition order, a me
 written without its personal fields at all: it still reaches the projections (which refuse it
 as ``erased``), and nothing of it was ever stored.
 
-Since issue 17 (ops/decisions/one-hop.md) no worker runs it alone: the memory and conversation
-workers run it with their projection in one stage (``projections.sealing.fused``), each on its
-own raw topic, and the sealed log is one of their outputs.
+No worker runs it alone (ops/decisions/one-hop.md): the memory and conversation workers run it
+with their projection in one stage (``projections.sealing.fused``), each on its own raw topic,
+and the sealed log is one of their outputs.
 """
 
 from __future__ import annotations

@@ -352,7 +352,7 @@ def _print_report(report: dict[str, Any]) -> None:
         click.echo(f"try: {command}")
 
 
-# -- the HTTP API (issue 18) ------------------------------------------------------------------
+# -- the HTTP API -----------------------------------------------------------------------------
 
 DEMO_PURPOSE = "demo"
 DEMO_ACTOR = "agent:demo"

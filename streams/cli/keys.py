@@ -1,6 +1,6 @@
 """``memproj keys``: the keys memproj holds. ``rotate`` and ``status`` are about the master keys
 (the data keys they wrap); other kinds of keys get their own subgroup here (``memproj keys api
-...`` for issue 18's API keys), so that ``rotate`` keeps its one meaning."""
+...`` for the HTTP API's keys), so that ``rotate`` keeps its one meaning."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def keys_status(ctx: click.Context, as_json: bool) -> None:
         click.echo(_describe(report, moved=False))
 
 
-# -- API keys and purposes (issue 18) -------------------------------------------------------
+# -- API keys and purposes ------------------------------------------------------------------
 
 
 def _with_migrated(settings: Settings, work: Callable[[Conn], Awaitable[T]]) -> T:

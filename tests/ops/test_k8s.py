@@ -36,7 +36,7 @@ KUBERNETES_VERSIONS = ("1.30.0", latest_version())
 VECTOR_STORE_KINDS = {"embeddings", "deletion", "monitor"}
 SECRETS_MOUNT = "/var/run/secrets/memproj"
 API = "memproj-api"  # the HTTP API's Deployment, Service and PodDisruptionBudget (api.yaml)
-MEMORY_LIMIT_BYTES = 512 * 2**20  # issue 17: a worker's RSS target is 300 MB
+MEMORY_LIMIT_BYTES = 512 * 2**20  # a worker's RSS target is 300 MB
 # The API is no worker: its bound is its measured peak (803 MB at 100,000 memories) and a margin.
 API_MEMORY_LIMIT_BYTES = 2**30
 

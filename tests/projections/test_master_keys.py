@@ -1,4 +1,4 @@
-"""Several master keys (issue 16), pure: the newest wraps, each unwraps what it wrapped."""
+"""Several master keys, pure: the newest wraps, each unwraps what it wrapped."""
 
 from __future__ import annotations
 

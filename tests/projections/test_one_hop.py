@@ -1,4 +1,4 @@
-"""Live equals replay (issue 17, one hop): what the fused stage (``SealingProjection``) decides
+"""Live equals replay (one hop): what the fused stage (``SealingProjection``) decides
 from raw events is what the unchanged memory projection decides from the sealed log the
 fused stage published, on the pure path (no services): erased entities, shredded keys,
 rejections, duplicates and dead letters included."""

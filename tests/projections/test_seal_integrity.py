@@ -1,4 +1,4 @@
-"""Integrity of the seal (issue 15): what the associated data binds, legacy events and keys,
+"""Integrity of the seal: what the associated data binds, legacy events and keys,
 and sealed deletion probes. No services."""
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def settle(env: Any, deadline: Deadline, tolerate_exits: bool = False) -> None:
 
 def start(env: Any, kinds: Sequence[str]) -> None:
     """``kinds``, and the readers of the sealed logs: the memory and conversation workers seal
-    their raw topics (issue 17), and the projection of the sealed log (what a rebuild reads)
+    their raw topics, and the projection of the sealed log (what a rebuild reads)
     runs beside them in the same schema, in consumer groups of its own, so that the forgeries
     on the sealed topics meet a reader. What the sealing workers applied is a redelivery to it
     (same event ids, same bodies)."""

@@ -1,4 +1,4 @@
-"""Master-key rotation against the real stack (issue 16): data written under key A, rotated to
+"""Master-key rotation against the real stack: data written under key A, rotated to
 key B while the workers apply events, A removed, the workers restarted: everything opens, an
 erasure still shreds, and a shredded key stays shredded."""
 

@@ -260,7 +260,7 @@ def test_what_postgresql_or_kafka_cannot_hold_is_dead_lettered_and_the_rest_appl
     assert raw_dead["t1:bad_huge"]["error_code"] == "value_too_large"
     assert raw_dead["t1:bad_huge"]["original_truncated"] is True
     assert raw_dead["t1:bad_huge"]["original_size"] == len(messages[5][1])
-    # One stage seals and projects (issue 17): what PostgreSQL cannot hold is a dead letter of
+    # One stage seals and projects: what PostgreSQL cannot hold is a dead letter of
     # the raw topic, never sealed (its part of the batch rolled back), and nothing reaches the
     # sealed log's dead letters.
     assert raw_dead[messages[3][0].decode()]["error_code"] == "unstorable"

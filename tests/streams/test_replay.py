@@ -250,7 +250,7 @@ def test_after_an_erasure_nothing_of_the_subject_survives_a_replay_or_the_sealed
 
 def test_offsets_reset_refuses_while_the_group_is_active(env: Any) -> None:
     mixed_stream(env)
-    # The memory group reads the raw topic (issue 17): kept whole here, so that its earliest
+    # The memory group reads the raw topic: kept whole here, so that its earliest
     # offsets are 0.
     worker = env.worker("memory", raw_input_trim_seconds=0)
     env.wait_caught_up(MEMORY_EVENTS, "memory")

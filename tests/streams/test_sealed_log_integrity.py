@@ -1,4 +1,4 @@
-"""Integrity of the seal against the real stack (issue 15): edited sealed events are dead
+"""Integrity of the seal against the real stack: edited sealed events are dead
 letters, and deletion probes are stored sealed and deleted by verification or at the deadline."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_edited_sealed_events_are_unreadable_seal_dead_letters_and_the_rest_appl
     env.produce(env.topic(MEMORY_SEALED), messages)
 
     # The projection reading the sealed log, as a rebuild does (the live memory worker reads
-    # the raw topic since issue 17).
+    # the raw topic since the one-hop stages).
     worker = env.worker("memory", projection_source="sealed")
     env.wait_caught_up(MEMORY_SEALED)
 

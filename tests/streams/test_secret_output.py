@@ -1,4 +1,4 @@
-"""No secret in what memproj prints (issue 16): the CLI's output and a worker's log, against the
+"""No secret in what memproj prints: the CLI's output and a worker's log, against the
 real stack, hold neither the PostgreSQL password nor any master key."""
 
 from __future__ import annotations

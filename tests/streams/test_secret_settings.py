@@ -1,4 +1,4 @@
-"""Secret settings (issue 16): SecretStr, *_FILE, the DSN's password, the development key."""
+"""Secret settings: SecretStr, *_FILE, the DSN's password, the development key."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Raw input dropped once sealed (streams.trim): the decision alone, then the memory worker
-(which seals its raw topic, issue 17) and the trimmer against the real Kafka and PostgreSQL:
+(which seals its raw topic) and the trimmer against the real Kafka and PostgreSQL:
 records below its committed raw offsets are deleted, records it has not committed are not,
 failures never raise."""
 

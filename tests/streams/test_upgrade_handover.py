@@ -1,4 +1,4 @@
-"""The one-hop stages against the real services (issue 17): the upgrade from the two-stage
+"""The one-hop stages against the real services: the upgrade from the two-stage
 deployment hands the sealer's raw offsets over to the fused workers."""
 
 from __future__ import annotations
