@@ -23,9 +23,11 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 import pytest
+import redis
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from projections.cache.store import glob_literal, key_part
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
@@ -360,6 +362,24 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
             for name in sorted(left | {each.schema for each in every}):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
+
+
+@pytest.fixture
+def redis_namespace(stack: Settings) -> Iterator[str]:
+    """A namespace of Redis keys of the test's own, its keys deleted afterwards."""
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"Redis at {stack.redis_url} is not answering (ops/stack up): {exc}")
+    name = f"memproj-test-{uuid.uuid4().hex}"
+    try:
+        yield name
+    finally:
+        leftovers = list(client.scan_iter(match=glob_literal(key_part(name)) + ":*"))
+        if leftovers:
+            client.delete(*leftovers)
+        client.close()
 
 
 @pytest.fixture

@@ -6,13 +6,11 @@ their TTLs and the indexes' TTLs, a value of another Redis type."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
-from uuid import uuid4
 
 import orjson
 import pytest
-import redis
 from redis.asyncio import Redis
 
 from projections.cache.store import (
@@ -24,7 +22,6 @@ from projections.cache.store import (
     build_key,
     connect,
     glob_literal,
-    key_part,
 )
 from streams.settings import Settings
 from support.contracts.cache import ALICE, CAROL, CacheContract, Harness, Runner, memory
@@ -102,21 +99,8 @@ Scenario = Callable[[RedisCache, Redis], Awaitable[T]]
 
 
 @pytest.fixture
-def namespace() -> Iterator[str]:
-    url = Settings().redis_url
-    client = redis.Redis.from_url(url)
-    try:
-        client.ping()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"Redis at {url} is not answering (ops/stack up): {exc}")
-    name = f"memproj-test-{uuid4().hex}"
-    try:
-        yield name
-    finally:
-        leftovers = list(client.scan_iter(match=glob_literal(key_part(name)) + ":*"))
-        if leftovers:
-            client.delete(*leftovers)
-        client.close()
+def namespace(redis_namespace: str) -> str:
+    return redis_namespace
 
 
 def run_redis(namespace: str, scenario: Scenario[T], ttl_seconds: int = 300) -> T:
