@@ -47,8 +47,8 @@ class EmbeddingsStore(DerivedStore):
     first use. LanceDB and pyarrow are some 100 MB of a process, which the ledger and the
     monitor need only once an erasure is verified or audited.
 
-    ``load_probes`` reads an erasure's probe vectors (from the ledger's tables): a test of
-    the store without PostgreSQL gives its own.
+    ``load_probes`` reads an erasure's probe vectors; by default from the ledger's tables
+    (``deletion_store.load_probes``), and a test of the store without PostgreSQL gives its own.
     """
 
     name = "embeddings"
@@ -61,7 +61,7 @@ class EmbeddingsStore(DerivedStore):
         writes: asyncio.Lock,
         probes: ProbeSealer,
         shadows: VectorShadows | Callable[[], VectorShadows] | None = None,
-        load_probes: ProbeLoader = deletion_store.load_probes,
+        load_probes: ProbeLoader | None = None,
     ) -> None:
         self._open_vectors = vectors
         self._load_probes = load_probes
@@ -161,7 +161,8 @@ class EmbeddingsStore(DerivedStore):
         found |= {
             f"id:{e.id}" for e in await asyncio.to_thread(self._vectors.get, tenant, memories)
         }
-        probes = await self._load_probes(conn, tenant, tombstone.deletion_id, self._probes)
+        load = self._load_probes or deletion_store.load_probes
+        probes = await load(conn, tenant, tombstone.deletion_id, self._probes)
         vectors = [vector for _, _, vector in probes]
         for hits in await asyncio.to_thread(self._vectors.nearest, tenant, vectors, PROBE_HITS):
             found |= {f"content:{hit.entry.id}" for hit in hits if match.matches(hit.entry)}
