@@ -192,23 +192,33 @@ class DerivedStoreContract:
 
         run(scenario)
 
-    def test_listed_items_go_whatever_their_time_and_new_data_of_the_subject_stays(
+    def test_listed_items_go_whatever_their_time_and_the_subjects_up_to_the_cut_off(
         self, run: Runner
     ) -> None:
-        later = Copy("acme", ALICE, AFTER, memory_id="m_later")
-        later_chat = Copy("acme", ALICE, AFTER, conversation_id="c_later")
+        unlisted = [
+            Copy("acme", ALICE, BEFORE, memory_id="m_unlisted"),
+            Copy("acme", ALICE, BEFORE, conversation_id="c_unlisted"),
+        ]
+        later = [
+            Copy("acme", ALICE, AFTER, memory_id="m_later"),
+            Copy("acme", ALICE, AFTER, conversation_id="c_later"),
+        ]
 
         async def scenario(h: Holder) -> None:
             # Made after the cut-off, but resolved as the erasure's items: they go.
             await h.hold(alices(at=AFTER))
+            # Not among its items (written after they were resolved), but the subject's
+            # from before the cut-off: they go too.
+            await h.hold(unlisted)
             # Made after the cut-off and not among its items: the subject's new data.
-            await h.hold([later, later_chat])
+            await h.hold(later)
             await h.record(ALICE_ERASURE)
 
             erased = await h.store.erase(ALICE_ERASURE)
 
-            new_data = {c.name for c in (later, later_chat) if _kept(h, c)}
+            new_data = {c.name for c in later if _kept(h, c)}
             assert await h.held() == (new_data if h.timed else set())
+            assert erased.removed == len(h.holds) * (3 if not h.timed else 2)
             assert erased.reachable == []
 
         run(scenario)

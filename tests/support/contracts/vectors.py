@@ -636,6 +636,29 @@ class VectorStoreContract:
             assert store.history_find(match_of(erasure)) == []
         assert asyncio.run(embeddings.erase_many([])) == [] and purges == [1]
 
+    def test_the_verification_finds_erased_content_kept_under_another_id(
+        self, store: VectorStore
+    ) -> None:
+        """The probe vectors of the erased text find a copy of it the erasure missed (written
+        under another id), ranked by the store's ``nearest``."""
+        secret = memory("m1", "the user's door code is 4711")
+        store.upsert([secret, memory("m2", "likes jazz")])
+
+        async def probes(*_: object) -> list[tuple[str, str, list[float]]]:
+            return [("memory", "m1", list(secret.vector))]
+
+        embeddings = EmbeddingsStore(
+            store, asyncio.Lock(), ProbeSealer(new_data_key()), load_probes=probes
+        )
+        gone = tombstone("tenant-a", ("memory", "m1"), [TombstoneItem(type="memory", id="m1")])
+        assert asyncio.run(embeddings.erase(gone)) == Erased(1, [])
+        assert asyncio.run(embeddings.reachable(None, gone)) == []  # type: ignore[arg-type]
+
+        store.upsert([dataclasses.replace(secret, id=f"{secret.id}:copy")])
+
+        found = asyncio.run(embeddings.reachable(None, gone))  # type: ignore[arg-type]
+        assert f"content:{secret.id}:copy" in found
+
     def test_a_batch_erasure_reports_what_is_left_per_tombstone(
         self, store: VectorStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
