@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
+from projections.cache.store import RecallCache
 from projections.conversation import store as conversation_store
 from projections.deletion import queries as ledger_queries
 from projections.deletion import store as deletion_store
@@ -134,7 +134,7 @@ def confinement(query: RecallQuery) -> MemoryOnly:
 CANDIDATES_PER_RESULT = 4
 
 
-async def recall(conn: Conn, cache: RedisCache, query: RecallQuery, now: datetime) -> Hydrated:
+async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: datetime) -> Hydrated:
     """Eligible memories about one subject, through the cache."""
     subject = (query.subject_type, query.subject_id)
     key = _query_key(query, None)
@@ -209,7 +209,7 @@ async def recall_by_text(
 
 
 async def context_view(
-    conn: Conn, cache: RedisCache, tenant_id: str, conversation_id: str
+    conn: Conn, cache: RecallCache, tenant_id: str, conversation_id: str
 ) -> dict[str, Any] | None:
     """The context view, through the cache; a cached view of a conversation that is gone is
     a ghost, dropped and counted."""

@@ -23,9 +23,12 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 import pytest
+import redis
+from _pytest.mark.expression import Expression
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from projections.cache.store import glob_literal, key_part
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
@@ -33,6 +36,7 @@ from streams.kafka import admin_config, create_topics, delete_topics, producer_c
 from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
 from streams.settings import Settings
+from support.service_guard import ServiceGuard, unmarked_service_users
 from topics.messages import InputMessage
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
 
@@ -66,6 +70,49 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "test against the real services: " + ", ".join(_skipped),
             red=True,
         )
+
+
+# -- no service outside the integration tests (support/service_guard.py) ----------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    offenders = unmarked_service_users(items)
+    if offenders:
+        raise pytest.UsageError(
+            "tests that use the stack must carry @pytest.mark.integration: " + ", ".join(offenders)
+        )
+
+
+# Modules of integration tests only whose collection alone costs seconds: the fuzzing module
+# builds a hypothesis test per operation of the API's document as it is collected. A run that
+# deselects the integration tests does not import them.
+COSTLY_INTEGRATION_MODULES = frozenset({REPO / "tests" / "streams" / "api" / "test_fuzz.py"})
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path in COSTLY_INTEGRATION_MODULES and not selects_integration(config):
+        return True
+    return None
+
+
+def selects_integration(config: pytest.Config) -> bool:
+    """Whether the run's ``-m`` expression keeps the integration tests."""
+    markexpr = config.getoption("markexpr")
+    if not markexpr:
+        return True
+
+    def marked(name: str, /, **kwargs: str | int | bool | None) -> bool:
+        return name == "integration"
+
+    return Expression.compile(markexpr).evaluate(marked)
+
+
+@pytest.fixture(autouse=True)
+def _no_service_outside_integration(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if request.node.get_closest_marker("integration") is None:
+        ServiceGuard(BASE).install(monkeypatch)
 
 
 # -- the stack ---------------------------------------------------------------------------
@@ -360,6 +407,24 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
             for name in sorted(left | {each.schema for each in every}):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
+
+
+@pytest.fixture
+def redis_namespace(stack: Settings) -> Iterator[str]:
+    """A namespace of Redis keys of the test's own, its keys deleted afterwards."""
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"Redis at {stack.redis_url} is not answering (ops/stack up): {exc}")
+    name = f"memproj-test-{uuid.uuid4().hex}"
+    try:
+        yield name
+    finally:
+        leftovers = list(client.scan_iter(match=glob_literal(key_part(name)) + ":*"))
+        if leftovers:
+            client.delete(*leftovers)
+        client.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from projections.bookkeeping import Conn
-from projections.cache.store import Holdings, RedisCache
+from projections.cache.store import Holdings, RecallCache
 from projections.deletion.derived import subject_of
 from projections.deletion.erasure import ErasureIndex
 from projections.stores.base import DerivedStore, Erased, StoreResources
@@ -17,7 +17,7 @@ class CacheStore(DerivedStore):
     metrics_port = 9106
     deletion_slo_seconds = 300
 
-    def __init__(self, cache: RedisCache) -> None:
+    def __init__(self, cache: RecallCache) -> None:
         self._cache = cache
 
     @classmethod

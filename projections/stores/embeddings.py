@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TypeVar
@@ -32,6 +32,8 @@ SCAN_BATCH_ROWS = 4096
 # How many nearest entries of each probe vector the verification probe looks at.
 PROBE_HITS = 5
 _Entry = TypeVar("_Entry", VectorEntry, EntryRef)
+# The probe vectors of an erasure (``deletion_store.load_probes``: item type, id, vector).
+ProbeLoader = Callable[[Conn, str, str, ProbeSealer], Awaitable[list[tuple[str, str, list[float]]]]]
 
 
 class EmbeddingsStore(DerivedStore):
@@ -44,6 +46,9 @@ class EmbeddingsStore(DerivedStore):
     ``vectors`` and ``shadows`` may be given as how to open them: they are then opened on
     first use. LanceDB and pyarrow are some 100 MB of a process, which the ledger and the
     monitor need only once an erasure is verified or audited.
+
+    ``load_probes`` reads an erasure's probe vectors; by default from the ledger's tables
+    (``deletion_store.load_probes``), and a test of the store without PostgreSQL gives its own.
     """
 
     name = "embeddings"
@@ -56,8 +61,10 @@ class EmbeddingsStore(DerivedStore):
         writes: asyncio.Lock,
         probes: ProbeSealer,
         shadows: VectorShadows | Callable[[], VectorShadows] | None = None,
+        load_probes: ProbeLoader | None = None,
     ) -> None:
         self._open_vectors = vectors
+        self._load_probes = load_probes
         self._writes = writes
         self._probes = probes
         self._open_shadows = shadows
@@ -154,7 +161,8 @@ class EmbeddingsStore(DerivedStore):
         found |= {
             f"id:{e.id}" for e in await asyncio.to_thread(self._vectors.get, tenant, memories)
         }
-        probes = await deletion_store.load_probes(conn, tenant, tombstone.deletion_id, self._probes)
+        load = self._load_probes or deletion_store.load_probes
+        probes = await load(conn, tenant, tombstone.deletion_id, self._probes)
         vectors = [vector for _, _, vector in probes]
         for hits in await asyncio.to_thread(self._vectors.nearest, tenant, vectors, PROBE_HITS):
             found |= {f"content:{hit.entry.id}" for hit in hits if match.matches(hit.entry)}

@@ -16,7 +16,7 @@ from functools import partial
 
 from pydantic import ValidationError
 
-from projections.cache.store import Holdings, RedisCache
+from projections.cache.store import Holdings, RecallCache
 from projections.deadletters.sealing import Position
 from streams.failures import FailureKind, classify, loggable
 from streams.isolation import Isolation, position, raise_refused, stage
@@ -49,7 +49,7 @@ def stale_targets(message: InputMessage) -> tuple[str, Holdings]:
 class CacheFreshness:
     name = "cache-freshness"
 
-    def __init__(self, cache: RedisCache, publisher: Publisher) -> None:
+    def __init__(self, cache: RecallCache, publisher: Publisher) -> None:
         self._cache = cache
         self._publisher = publisher
 

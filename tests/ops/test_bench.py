@@ -191,6 +191,8 @@ def test_the_paced_producer_is_connected_before_its_pace_starts(env: Any) -> Non
     assert producer.sent == 1
 
 
+# LanceDB on disk, a real backend: seconds of building and copying stores.
+@pytest.mark.integration
 def test_the_store_memory_scenarios_run_on_a_small_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,6 +26,7 @@ from projections.conversation.context import (
     resumes,
 )
 from projections.conversation.reducer import MessageRecord, SummaryRecord
+from support.examples import examples
 
 NOW = datetime(2026, 8, 8, tzinfo=UTC)
 
@@ -204,7 +205,7 @@ def histories(draw: st.DrawFn) -> list[Step]:
     st.integers(10, 2000),
     st.sampled_from([1, 2, 32]),
 )
-@settings(max_examples=400, deadline=None)
+@settings(examples(400, 60), deadline=None)
 def test_the_bounded_rebuild_gives_the_full_rebuilds_view_after_every_batch(
     steps: list[Step], budget: int, max_chars: int, page: int
 ) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from projections.conversation.context import ContextSettings, ContextView, build_context
 from projections.conversation.reducer import MessageRecord, SummaryRecord
+from support.examples import examples
 
 NOW = datetime(2026, 8, 8, tzinfo=UTC)
 
@@ -136,7 +137,7 @@ def conversations(draw: st.DrawFn) -> list[MessageRecord]:
 
 
 @given(conversations(), st.integers(0, 3000), st.integers(10, 5000))
-@settings(max_examples=300, deadline=None)
+@settings(examples(300, 50), deadline=None)
 def test_the_view_never_splits_a_tool_exchange_and_never_exceeds_its_budget(
     messages: list[MessageRecord], budget: int, max_chars: int
 ) -> None:

@@ -16,6 +16,7 @@ from projections.deletion.erasure import (
 )
 from projections.memory.reducer import MemoryKey, reduce_batch
 from streams.sample import EventFactory, to_message
+from support.examples import examples
 from topics.codec import EventCodec
 from topics.memory import MemoryCorrected, MemoryCorrectedPayload, MemoryEvent
 from topics.outputs import MemoryRecord, RejectionReason
@@ -251,7 +252,7 @@ def log_with_duplicates(draw: st.DrawFn) -> tuple[list[dict], list[dict]]:  # ty
 
 
 @given(log_with_duplicates(), st.data())
-@settings(max_examples=200, deadline=None)
+@settings(examples(200, 40), deadline=None)
 def test_redelivered_and_reordered_duplicates_give_the_same_projection(logs, data) -> None:  # type: ignore[no-untyped-def]
     log, noisy = logs
     expected = reduce_batch(decode(*log), {}, {})

@@ -29,6 +29,7 @@ from projections.sealing.fused import FusedState, SealingProjection
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, keys_needed
 from streams.sample import EventFactory, to_message
+from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage
 from topics.registry import MEMORY_EVENTS, TopicNames
 from topics.schemas import default_schemas
@@ -146,7 +147,7 @@ def decided(result: BatchResult) -> tuple[Any, ...]:
     )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(examples(300, 50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, max_size=30), st.lists(erasure, max_size=3))
 def test_the_fused_stage_decides_what_a_replay_of_its_sealed_log_decides(
     steps: list[tuple[Any, ...]], erasures: list[tuple[str, str, int]]

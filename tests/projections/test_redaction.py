@@ -12,6 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from projections.redaction import KINDS, field_kind, mask, redact_text, redact_value
+from support.examples import examples
 
 PRIVATE_KEY = (
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7c3Qd0x\nqWQ8Zt1xT4N\n"
@@ -534,7 +535,7 @@ ANYTHING = st.text(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(examples(300, 60), deadline=None)
 @given(st.one_of(PIECES.map("".join), PIECES.map("\n".join), ANYTHING))
 def test_redaction_is_idempotent(text: str) -> None:
     once, _ = only(text)
@@ -543,7 +544,7 @@ def test_redaction_is_idempotent(text: str) -> None:
     assert not found
 
 
-@settings(max_examples=300, deadline=None)
+@settings(examples(300, 60), deadline=None)
 @given(FILLER, _secrets(), FILLER)
 def test_a_masked_text_holds_none_of_the_secret(
     before: str, secret: tuple[str, str], after: str

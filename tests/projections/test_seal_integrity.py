@@ -34,6 +34,7 @@ from projections.sealing.fields import (
 from projections.sealing.keys import KeyStore, wrap_associated
 from projections.sealing.probes import ProbeSealer
 from streams.sample import EventFactory, to_message
+from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage
 from topics.outputs import DeadLetterReason
 from topics.schemas import default_schemas
@@ -113,7 +114,7 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=200)
+@settings(examples(200, 40))
 @given(value=st.dictionaries(st.text(max_size=8), _json, max_size=5), extra=_json, tenant=_ids)
 def test_what_the_sealer_binds_is_what_the_reader_rebuilds(
     value: dict[str, Any], extra: Any, tenant: str

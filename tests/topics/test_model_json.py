@@ -19,6 +19,7 @@ from projections.memory.reducer import reduce_batch
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState
 from streams.sample import EventFactory, to_message
+from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.envelope import model_json
 from topics.memory import MemoryEvent
@@ -65,7 +66,7 @@ def raw_events(draw: st.DrawFn) -> dict[str, Any]:
     return factory.revoked(tenant, memory, draw(text), draw(st.none() | st.integers(1, 9)))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(examples(300, 50), deadline=None)
 @given(raw_events())
 def test_model_json_writes_what_pydantic_core_to_json_wrote(raw: dict[str, Any]) -> None:
     try:
