@@ -19,6 +19,7 @@ from projections.admission.instructions import (
     instruction_rules,
     match_text,
 )
+from support.examples import examples
 from topics.codec import MAX_NESTING
 
 # rule -> (texts it names, and it alone; near-miss prose it must leave alone)
@@ -436,7 +437,7 @@ def test_a_value_at_the_codecs_nesting_limit_is_read_whole() -> None:
 def test_a_value_deeper_than_the_codec_allows_is_held_not_passed_unread() -> None:
     assert instruction_rules(_nested(MAX_NESTING + 1, "fine")) == (NESTED_TOO_DEEP,)
     # far deeper than Python's stack: walked without recursion
-    assert instruction_rules(_nested(100_000, "fine")) == (NESTED_TOO_DEEP,)
+    assert instruction_rules(_nested(10_000, "fine")) == (NESTED_TOO_DEEP,)
     shallow_instruction = {"a": "<system>", "b": _nested(MAX_NESTING + 1, "fine")}
     assert instruction_rules(shallow_instruction) == ("system_tag", NESTED_TOO_DEEP)
 
@@ -452,7 +453,7 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(examples(300, 60), deadline=None)
 @given(_JSON)
 def test_any_value_gives_known_names_in_order(value: Any) -> None:
     names = instruction_rules(value)
@@ -474,7 +475,7 @@ _SPACED_RULES = {
 }
 
 
-@settings(max_examples=100, deadline=None)
+@settings(examples(200, 40), deadline=None)
 @given(
     st.sampled_from(POSITIVES),
     st.lists(st.booleans(), min_size=1),
