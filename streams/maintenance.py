@@ -20,7 +20,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
-from projections.stores import STORE_NAMES, DerivedStore
+from projections.stores import DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.purge import PurgeRound
@@ -239,6 +239,6 @@ class LedgerMaintenance(Service):
             unpurged = await queries.unpurged_by_place(conn, self._clock())
         if self._purge is not None:
             self._metrics.unpurged_deletions(unpurged, self._purge.places)
-        self._metrics.pending_deletions(pending, STORE_NAMES)
+        self._metrics.pending_deletions(pending, tuple(s.name for s in self._stores))
         self._metrics.deletion_slos({s.name: s.deletion_slo_seconds for s in self._stores})
         self._metrics.blocked_reads(blocked)
