@@ -128,6 +128,11 @@ class LedgerMaintenance(Service):
         log.warning("redelivered %d overdue tombstones", len(rows))
         return len(rows)
 
+    @property
+    def stores(self) -> Sequence[DerivedStore]:
+        """The derived stores the verification probe reads and whose copies expire."""
+        return self._stores
+
     async def verify_completed(self) -> int:
         async with self._pool.connection() as conn:
             # Anything a crash left in this duty's outbox goes out first.

@@ -294,23 +294,29 @@ def build_conversation_worker(settings: Settings, metrics: Metrics, port: int) -
     return build_fused_worker(settings, metrics, port, projection)
 
 
+def ledger_projection(
+    settings: Settings, metrics: Metrics, stores: StoreRegistry = STORES
+) -> LedgerProjection:
+    """The deletion ledger; each deletion waits for the ``stores`` that hold its target."""
+    return LedgerProjection(
+        default_schemas(),
+        settings.topics,
+        # The verification probes are searched in the vector store: its embedder's vectors.
+        build_embedder(settings),
+        timedelta(seconds=settings.deletion_deadline_seconds),
+        metrics,
+        # The ledger seals probes, the verification opens them.
+        probes=probe_sealer(settings),
+        stores=stores,
+    )
+
+
 def build_deletion_worker(
     settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
 ) -> WorkerParts:
     """The ledger of ``stores``: requests and acknowledgements, plus redelivery,
     verification and the deletion metrics."""
-    # The verification probes are searched in the vector store: its embedder's vectors.
-    embedder = build_embedder(settings)
-    probes = probe_sealer(settings)  # the ledger seals probes, the verification opens them
-    projection = LedgerProjection(
-        default_schemas(),
-        settings.topics,
-        embedder,
-        timedelta(seconds=settings.deletion_deadline_seconds),
-        metrics,
-        probes=probes,
-        stores=stores,
-    )
+    projection = ledger_projection(settings, metrics, stores)
 
     def maintenance(parts: Resources) -> list[Service]:
         # The verification probe reads every store: each is opened here, read-only.
