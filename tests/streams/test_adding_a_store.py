@@ -6,7 +6,7 @@ the ghost audit, kept by a worker of its own, and deployed by every generated fi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from projections.bookkeeping import Conn
 from projections.deletion import lifecycle, queries
+from projections.deletion.coverage import keys_of
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.ledger import LedgerBatch, ResolvedTarget, plan_erasure, reduce_ledger
 from projections.deletion.projection import LedgerCodec, LedgerProjection
@@ -35,6 +36,7 @@ from streams.sample import EventFactory, to_message
 from streams.services import BatchConsumers, DatabaseService
 from streams.settings import Settings
 from streams.worker import WORKERS, WorkerParts, ledger_projection
+from support.contracts.derived import ALICE, Copy, DerivedStoreContract, Holder
 from support.fakes import Publisher, Source, Stops, loop_for
 from topics.codec import EventCodec, InvalidMessage
 from topics.deletion import Acknowledgement, DeletionRequested, Tombstone
@@ -44,45 +46,103 @@ from topics.registry import DELETION_TOMBSTONES, TopicNames, output_key
 from topics.schemas import default_schemas
 
 REPO = Path(__file__).resolve().parents[2]
+NO_CONN = cast(Conn, None)  # the toy store reads no PostgreSQL
 TENANT = "acme"
 NOW = datetime(2026, 5, 1, 12, tzinfo=UTC)
 DEADLINE = timedelta(hours=1)
 
 
 class ToyStore(DerivedStore):
-    """A derived store of memories in a set: what it holds is what a reader could get."""
+    """Copies of memories and conversations about subjects, in a set: what it holds is what a
+    reader could get. Shared by every instance the workers open."""
 
     name = "toy"
     metrics_port = 9109
     deletion_slo_seconds = 120
-    covers = frozenset({"subject", "memory"})
-    # (tenant, memory id) of every copy it holds, shared by every instance the workers open.
-    held: ClassVar[set[tuple[str, str]]] = set()
+    held: ClassVar[set[Copy]] = set()
 
     @classmethod
     def open(cls, resources: StoreResources) -> ToyStore:
         return cls()
 
     async def erase(self, tombstone: Tombstone) -> Erased:
-        doomed = {(tombstone.tenant_id, m) for m in tombstone.ids("memory")} & self.held
+        doomed = {copy for copy in self.held if _erased_by(tombstone, copy)}
         ToyStore.held = self.held - doomed
-        return Erased(len(doomed), await self.reachable(None, tombstone))  # type: ignore[arg-type]
+        return Erased(len(doomed), await self.reachable(NO_CONN, tombstone))
 
     async def reachable(self, conn: Conn, tombstone: Tombstone) -> list[str]:
-        wanted = {(tombstone.tenant_id, m) for m in tombstone.ids("memory")}
-        return sorted(f"toy:{memory}" for tenant, memory in self.held & wanted)
+        return sorted(copy.name for copy in self.held if _erased_by(tombstone, copy))
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
         return sorted(
-            f"{tenant}:{key[3]}"
-            for tenant, index in covered.items()
-            for key in index.entries
-            if key[1] == "memory" and (tenant, key[3]) in self.held
+            copy.name
+            for copy in self.held
+            if (index := covered.get(copy.tenant_id)) is not None
+            and index.covering(
+                keys_of(
+                    copy.tenant_id,
+                    copy.subject,
+                    memory_id=copy.memory_id,
+                    conversation_id=copy.conversation_id,
+                ),
+                copy.at,
+            )
+            is not None
         )
+
+
+def _erased_by(tombstone: Tombstone, copy: Copy) -> bool:
+    """The tombstone's items whatever their time, and its subject's copies up to its
+    cut-off."""
+    if copy.tenant_id != tombstone.tenant_id:
+        return False
+    if copy.memory_id is not None and copy.memory_id in tombstone.ids("memory"):
+        return True
+    if copy.conversation_id is not None and copy.conversation_id in tombstone.conversation_ids():
+        return True
+    subject = tombstone.target.subject()
+    return (
+        subject is not None
+        and (subject.type, subject.id) == copy.subject
+        and (copy.at <= tombstone.cut_off)
+    )
+
+
+class ToyHolder:
+    """The toy store under the derived store's contract."""
+
+    holds = frozenset({"memory", "conversation"})
+    timed = True
+    conn = NO_CONN
+
+    def __init__(self) -> None:
+        ToyStore.held = set()
+        self.store: DerivedStore = ToyStore()
+
+    async def hold(self, copies: Sequence[Copy]) -> None:
+        ToyStore.held |= set(copies)
+
+    async def held(self) -> set[str]:
+        return {copy.name for copy in ToyStore.held}
+
+    async def record(self, tombstone: Tombstone) -> None:
+        """The toy store reads nothing the ledger recorded."""
+
+
+class TestToyStoreContract(DerivedStoreContract):
+    """Its tests: the contract every derived store passes (tests/support/contracts)."""
+
+    @pytest.fixture
+    def run(self) -> Callable[[Callable[[Holder], Coroutine[Any, Any, T]]], T]:
+        def run(scenario: Callable[[Holder], Coroutine[Any, Any, T]]) -> T:
+            return asyncio.run(scenario(ToyHolder()))
+
+        return run
 
 
 WITH_TOY = WORKERS.with_store(ToyStore)
 Service = TypeVar("Service")
+T = TypeVar("T")
 
 
 def one(kind: type[Service], parts: WorkerParts) -> Service:
@@ -125,11 +185,8 @@ def test_the_ledger_waits_for_its_acknowledgement() -> None:
     stores = WITH_TOY.stores
     erasure = request("d_toy", {"type": "memory", "id": "m1"})
     entry = plan_erasure(erasure, ResolvedTarget(memories=("m1",)), DEADLINE, stores)
+    # Like every store that holds copies of memories (summaries and context hold none).
     assert entry.required_stores == ("embeddings", "cache", "toy")
-    # A store that holds no copy of the target is not waited for.
-    conversation = request("d_conv", {"type": "conversation", "id": "c1"})
-    planned = plan_erasure(conversation, ResolvedTarget(), DEADLINE, stores)
-    assert "toy" not in planned.required_stores
 
     key = (TENANT, "d_toy")
     batch = reduce_ledger([erasure], {key: ResolvedTarget()}, {}, {}, DEADLINE, stores)
@@ -199,7 +256,7 @@ def honour(tombstone: Tombstone, stores: StoreRegistry) -> tuple[list[Any], list
 def test_its_worker_honours_tombstones_of_the_registry_it_is_built_from() -> None:
     """Every worker of a deployment is built from the same registry: one that does not know
     the toy store takes a tombstone naming it for a forgery and dead-letters it."""
-    ToyStore.held = {(TENANT, "m1")}
+    ToyStore.held = {Copy(TENANT, ALICE, NOW, memory_id="m1")}
     tombstone = plan_erasure(
         request("d_toy", {"type": "memory", "id": "m1"}),
         ResolvedTarget(memories=("m1",)),
@@ -256,7 +313,10 @@ def test_a_deletion_completes_with_its_acknowledgement_and_is_verified_and_audit
     ledger = ledger_projection(settings, metrics, WITH_TOY.stores)
     erasure = request("d_toy", {"type": "memory", "id": "m_toy"})
     key = (TENANT, "d_toy")
-    ToyStore.held = {(TENANT, "m_toy"), (TENANT, "m_kept")}
+    ToyStore.held = {
+        Copy(TENANT, ALICE, NOW, memory_id="m_toy"),
+        Copy(TENANT, ALICE, NOW, memory_id="m_kept"),
+    }
 
     async def ledger_steps() -> None:
         async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
@@ -296,5 +356,5 @@ def test_a_deletion_completes_with_its_acknowledgement_and_is_verified_and_audit
     assert detail is not None
     verification = detail["verification"]
     assert verification["clean"] is False
-    assert verification["found"]["toy"] == ["toy:m_toy"]
-    assert audited == [(1, [f"{TENANT}:m_toy"])]
+    assert verification["found"]["toy"] == [f"{TENANT}/memory/m_toy"]
+    assert audited == [(1, [f"{TENANT}/memory/m_toy"])]
