@@ -20,7 +20,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
-from projections.stores import STORE_NAMES, DerivedStore
+from projections.stores import DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.purge import PurgeRound
@@ -127,6 +127,11 @@ class LedgerMaintenance(Service):
             await bookkeeping.remove_outbox_batch(conn, batch)
         log.warning("redelivered %d overdue tombstones", len(rows))
         return len(rows)
+
+    @property
+    def stores(self) -> Sequence[DerivedStore]:
+        """The derived stores the verification probe reads and whose copies expire."""
+        return self._stores
 
     async def verify_completed(self) -> int:
         async with self._pool.connection() as conn:
@@ -239,6 +244,6 @@ class LedgerMaintenance(Service):
             unpurged = await queries.unpurged_by_place(conn, self._clock())
         if self._purge is not None:
             self._metrics.unpurged_deletions(unpurged, self._purge.places)
-        self._metrics.pending_deletions(pending, STORE_NAMES)
+        self._metrics.pending_deletions(pending, tuple(s.name for s in self._stores))
         self._metrics.deletion_slos({s.name: s.deletion_slo_seconds for s in self._stores})
         self._metrics.blocked_reads(blocked)

@@ -58,6 +58,11 @@ class MonitorService(Service):
                     log.exception("monitor: ghost audit failed")
             await self.sleep(self._interval)
 
+    @property
+    def stores(self) -> Sequence[DerivedStore]:
+        """The derived stores the ghost audit reads."""
+        return self._stores
+
     async def audit(self) -> None:
         async with self._pool.connection() as conn:
             results = await audit_ghosts(conn, self._stores, self._clock())

@@ -5,10 +5,11 @@ consumer, from the start position up to the end offsets as of the start, and app
 the same codec, reducers and erasure guard as the live worker, into a shadow schema; nothing
 is published. The conversation projection is applied through the live worker's runner; the
 memory projection on a path of its own (``streams.rebuild``: large chunks, its state held in
-memory, no outbox), by ``readers`` processes over disjoint partitions (the others forked from
-this one; a reader that fails stops the replay, and one whose replay is killed stops at its
-next chunk). Live workers keep serving meanwhile. The shadow is then compared with the live
-projection per tenant, and swapped in atomically when asked to (or when they agree):
+memory, no outbox), by ``readers`` processes over disjoint partitions (the others started by
+this one, each a fresh interpreter; a reader that fails stops the replay, and one whose replay
+is killed stops at its next chunk). Live workers keep serving meanwhile. The shadow is then
+compared with the live projection per tenant, and swapped in atomically when asked to (or
+when they agree):
 
 1. lock the live worker's tracking rows (its next batch waits);
 2. catch the shadow up, from the end offsets its read stopped at, to what the live worker
@@ -44,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing.process import BaseProcess
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 import psycopg
@@ -294,8 +295,7 @@ async def replay_projection(
         began = time.monotonic()
         others: list[_Reader] = []
         if memory is not None:
-            # The end offsets are fixed before any reader starts; the other readers are
-            # forked before this process holds a Kafka client or a pool of its own.
+            # The end offsets are fixed before any reader starts.
             first = reader(settings)
             try:
                 starts, ends = positions(first, topics, start)
@@ -304,7 +304,7 @@ async def replay_projection(
             progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
             progress.partitions = len(ends)
             shares = _shares(starts, ends, readers)
-            others = [_Reader.fork(settings, memory, shadow_dsn, *share) for share in shares[1:]]
+            others = [_Reader.start(settings, memory, shadow_dsn, *share) for share in shares[1:]]
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
@@ -398,10 +398,16 @@ class ReaderFailed(Explained, RuntimeError):
     """A reader process of a rebuild failed; the text says its error by class and code."""
 
 
+# How a reader's process starts: a fresh interpreter. A fork would copy the replay's running
+# event loop (and its Kafka and PostgreSQL clients' threads) into a process that must run a
+# loop of its own (ops/decisions/rebuild.md, "Readers").
+READER_START_METHOD: Final = "spawn"
+
+
 class _Reader:
-    """Another process applying a share of the partitions (``rebuild_share``), forked from
-    the replay: it holds the projection as given (a changed reducer too), opens its own
-    Kafka reader and connection, and reports how far it got through shared counters."""
+    """Another process applying a share of the partitions (``rebuild_share``), started by the
+    replay: it is given the projection as the replay holds it (pickled), opens its own Kafka
+    reader and connection, and reports how far it got through shared counters."""
 
     def __init__(self, process: BaseProcess, done: Any, partitions_done: Any, outcome: Any) -> None:
         self.process = process
@@ -410,7 +416,7 @@ class _Reader:
         self._outcome = outcome
 
     @classmethod
-    def fork(
+    def start(
         cls,
         settings: Settings,
         projection: MemoryProjection,
@@ -418,7 +424,7 @@ class _Reader:
         starts: dict[Position, int],
         ends: dict[Position, int],
     ) -> _Reader:
-        context = multiprocessing.get_context("fork")
+        context = multiprocessing.get_context(READER_START_METHOD)
         done, partitions_done = context.Value("q", 0), context.Value("q", 0)
         receiving, sending = context.Pipe(duplex=False)
         process = context.Process(
@@ -463,7 +469,7 @@ def _read_share(
     partitions_done: Any,
     outcome: Any,
 ) -> None:
-    """A forked reader's process: apply its share, send None or what stopped it."""
+    """A reader's process: apply its share, send None or what stopped it."""
     replay = os.getppid()
 
     def shown(events: int, partitions: int) -> None:
@@ -471,8 +477,6 @@ def _read_share(
             os._exit(1)  # the replay was killed: its shadow is abandoned, stop writing it
         done.value, partitions_done.value = events, partitions
 
-    # Forked from inside the replay's running event loop: this process runs a loop of its own.
-    asyncio.events._set_running_loop(None)
     consumer = reader(settings)
     try:
         asyncio.run(rebuild_share(consumer, projection, shadow_dsn, starts, ends, shown))

@@ -119,7 +119,8 @@ class Settings(BaseSettings):
     # -- end of Kafka client security
     topic_prefix: str = Field("", description="prefix for every topic name, e.g. 'staging.'")
     group_prefix: str = Field(
-        "memproj", description="prefix of consumer group ids (one group per worker)"
+        "memproj",
+        description="prefix of consumer group ids: each worker kind's group is <prefix>-<kind>",
     )
     kafka_session_timeout_seconds: float = Field(
         10.0,
@@ -140,7 +141,12 @@ class Settings(BaseSettings):
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
     redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
-    data_dir: Path = Field(Path(".stack/data"), description="worker-local state (the vector store)")
+    data_dir: Path = Field(
+        Path(".stack/data"),
+        description="worker-local state: the LanceDB vector store, in <data dir>/lancedb. "
+        "Whatever opens the vector store shares it: the embeddings, deletion and monitor "
+        "workers, the API's search, recall --query, audit ghosts and replay embeddings",
+    )
     max_memory_value_bytes: int = Field(
         65536, description="largest accepted memory value, in bytes of JSON"
     )
@@ -184,7 +190,9 @@ class Settings(BaseSettings):
         2000, description="a tool result longer than this is replaced by a notice in the view"
     )
     deletion_deadline_seconds: float = Field(
-        3600.0, description="a deletion's deadline when the request names none (its SLO)"
+        3600.0,
+        description="a deletion's deadline when the request names none (the alerts' SLOs "
+        "per store are shorter: README, Alerts)",
     )
     deletion_redelivery_seconds: float = Field(
         30.0,
@@ -233,7 +241,8 @@ class Settings(BaseSettings):
         description="the vector store's embedder: wordllama (the l2_supercat sentence-embedding "
         "model, 256 dimensions, weights in the wheel, loaded offline) or hashing (words and "
         "word pairs hashed, no dependency; finds shared words, not meaning). Vectors record "
-        "their model: after a change, rebuild them with `memproj replay embeddings`",
+        "their model: after a change, stop the embeddings worker and rebuild them with "
+        "`memproj replay embeddings`",
     )
     embedding_dim: int = Field(
         256, description="dimensions of the hashing embedder (wordllama's are its model's: 256)"
@@ -502,3 +511,29 @@ class Settings(BaseSettings):
 
     def group_id(self, worker: str) -> str:
         return f"{self.group_prefix}-{worker}"
+
+
+# The settings reference (docs/settings.md, ``memproj deploy settings-doc``) groups the settings
+# in the order they are declared: each group runs from its first setting, named here, to the
+# next group's first.
+SETTING_GROUPS: dict[str, str] = {
+    "kafka_bootstrap": "Kafka",
+    "kafka_security_protocol": "Kafka client security",
+    "topic_prefix": "Topics and consumer groups",
+    "postgres_dsn": "PostgreSQL, Redis and local state",
+    "max_memory_value_bytes": "Batches",
+    "breaker_failure_ratio": "The circuit breaker",
+    "context_budget_tokens": "The context view",
+    "deletion_deadline_seconds": "Deletion",
+    "raw_input_trim_seconds": "Topic lifetimes",
+    "monitor_interval_seconds": "The monitor",
+    "cache_ttl_seconds": "The cache",
+    "embedder": "The embedder",
+    "metrics_host": "Metrics",
+    "shutdown_timeout_seconds": "Probes and shutdown",
+    "api_host": "The HTTP API",
+    "log_level": "Logs",
+    "environment": "Secrets and master keys",
+    "projection_source": "What the projections read",
+    "failpoint": "Testing",
+}

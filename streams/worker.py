@@ -8,10 +8,10 @@ group, and every worker is a mode worker (ops/decisions/batch-consumer.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import mode
@@ -27,7 +27,7 @@ from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
-from projections.stores import BY_NAME, REGISTRY, STORE_NAMES, open_all
+from projections.stores import STORES, DerivedStore, StoreRegistry
 from streams.agents.cache import CacheFreshness
 from streams.agents.index import EmbeddingsIndexer
 from streams.agents.tombstones import TombstoneHandler
@@ -68,18 +68,10 @@ from topics.registry import (
 )
 from topics.schemas import default_schemas
 
-# Each kind has its own port, so that every worker on one host can be scraped.
-METRICS_PORTS = {
-    "memory": 9101,
-    "conversation": 9102,
-    "deletion": 9103,
-    **{store.name: store.metrics_port for store in REGISTRY},
-    "monitor": 9108,
-}
 
-
-def metrics_port(settings: Settings, kind: str) -> int:
-    return METRICS_PORTS[kind] if settings.metrics_port is None else settings.metrics_port
+def metrics_port(settings: Settings, default: int) -> int:
+    """The port a worker serves /metrics on: its kind's, unless the settings name one."""
+    return default if settings.metrics_port is None else settings.metrics_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,27 +103,27 @@ class Resources:
         return WorkerParts([*services, self.consumers], metrics, shutdown)
 
 
-def probe_service(settings: Settings, metrics: Metrics, kind: str, state: WorkerState) -> Service:
-    """/metrics, /healthz and /readyz on the kind's metrics port."""
+def probe_service(settings: Settings, metrics: Metrics, port: int, state: WorkerState) -> Service:
+    """/metrics, /healthz and /readyz on the kind's metrics port (``port``)."""
     database = DatabaseProbe(settings.postgres_conninfo, settings.probe_database_timeout_seconds)
     return ProbeService(
         metrics,
         settings.metrics_host,
-        metrics_port(settings, kind),
+        metrics_port(settings, port),
         state,
         database,
         settings.probe_stale_seconds,
     )
 
 
-def open_resources(settings: Settings, metrics: Metrics, kind: str) -> Resources:
+def open_resources(settings: Settings, metrics: Metrics, kind: str, port: int) -> Resources:
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
     publisher = KafkaPublisher(settings.kafka)
     consumers = BatchConsumers()
     state = WorkerState(consumers.stop_once, in_group=True)
     services: list[Service] = [
         # First: it starts before the others and stops after them (mode stops in reverse).
-        probe_service(settings, metrics, kind, state),
+        probe_service(settings, metrics, port, state),
         DatabaseService(pool),
         PublisherService(publisher),
     ]
@@ -161,6 +153,7 @@ def add_agent(
 def build_projection_worker(
     settings: Settings,
     metrics: Metrics,
+    port: int,
     projection: Projection[Any, Any, Any],
     extra_services: Callable[[Resources], list[Service]] = lambda _: [],
     tracking: Tracking | None = None,
@@ -169,7 +162,7 @@ def build_projection_worker(
     """A worker that feeds ``projection`` from its input topics: one agent for all of them,
     or (``agent_per_input``) one per topic, each with its own consumer and runner, so that
     one topic's backlog never delays another's messages."""
-    parts = open_resources(settings, metrics, projection.name)
+    parts = open_resources(settings, metrics, projection.name, port)
 
     def runner() -> ProjectionRunner[Any, Any, Any]:
         return ProjectionRunner(
@@ -247,27 +240,31 @@ def live_input(settings: Settings, projection: Projection[Any, Any, Any]) -> Liv
 
 
 def build_fused_worker(
-    settings: Settings, metrics: Metrics, projection: Projection[Any, Any, Any]
+    settings: Settings, metrics: Metrics, port: int, projection: Projection[Any, Any, Any]
 ) -> WorkerParts:
     """``projection`` fed from its raw topic in one stage: sealed, projected, and the sealed
     log published, in one transaction per batch (projections.sealing.fused); with
     ``MEMPROJ_PROJECTION_SOURCE=sealed``, the projection alone on the sealed log."""
     source = live_input(settings, projection)
     if not source.seals:
-        return build_projection_worker(settings, metrics, projection)
+        return build_projection_worker(settings, metrics, port, projection)
     (raw,) = source.specs
     fused = SealingProjection(sealer(settings, raw), projection)
     # Topic lifetimes: the raw input is deleted up to what this stage committed.
     return build_projection_worker(
         settings,
         metrics,
+        port,
         fused,
         lambda parts: raw_input_trimmers(settings, metrics, parts.pool, fused),
         source.tracking(),
     )
 
 
-def memory_projection(settings: Settings, metrics: Metrics | None = None) -> MemoryProjection:
+def memory_projection(
+    settings: Settings, metrics: Metrics | None = None, stores: StoreRegistry = STORES
+) -> MemoryProjection:
+    """The memory projection; its revocations wait for ``stores``."""
     return MemoryProjection(
         default_schemas(),
         settings.topics,
@@ -275,6 +272,7 @@ def memory_projection(settings: Settings, metrics: Metrics | None = None) -> Mem
         timedelta(seconds=settings.deletion_deadline_seconds),
         key_store(settings),
         metrics,
+        stores,
     )
 
 
@@ -284,44 +282,57 @@ def conversation_projection(settings: Settings, metrics: Metrics) -> Conversatio
     )
 
 
-def build_memory_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_fused_worker(settings, metrics, memory_projection(settings, metrics))
+def build_memory_worker(
+    settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
+) -> WorkerParts:
+    projection = memory_projection(settings, metrics, stores)
+    return build_fused_worker(settings, metrics, port, projection)
 
 
-def build_conversation_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    return build_fused_worker(settings, metrics, conversation_projection(settings, metrics))
+def build_conversation_worker(settings: Settings, metrics: Metrics, port: int) -> WorkerParts:
+    projection = conversation_projection(settings, metrics)
+    return build_fused_worker(settings, metrics, port, projection)
 
 
-def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    """The ledger: requests and acknowledgements, plus redelivery, verification and the
-    deletion metrics."""
-    # The verification probes are searched in the vector store: its embedder's vectors.
-    embedder = build_embedder(settings)
-    probes = probe_sealer(settings)  # the ledger seals probes, the verification opens them
-    projection = LedgerProjection(
+def ledger_projection(
+    settings: Settings, metrics: Metrics, stores: StoreRegistry = STORES
+) -> LedgerProjection:
+    """The deletion ledger; each deletion waits for the ``stores`` that hold its target."""
+    return LedgerProjection(
         default_schemas(),
         settings.topics,
-        embedder,
+        # The verification probes are searched in the vector store: its embedder's vectors.
+        build_embedder(settings),
         timedelta(seconds=settings.deletion_deadline_seconds),
         metrics,
-        probes=probes,
+        # The ledger seals probes, the verification opens them.
+        probes=probe_sealer(settings),
+        stores=stores,
     )
+
+
+def build_deletion_worker(
+    settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
+) -> WorkerParts:
+    """The ledger of ``stores``: requests and acknowledgements, plus redelivery,
+    verification and the deletion metrics."""
+    projection = ledger_projection(settings, metrics, stores)
 
     def maintenance(parts: Resources) -> list[Service]:
         # The verification probe reads every store: each is opened here, read-only.
-        stores = open_all(StoreSupplies(settings, parts.pool))
+        opened = stores.open_all(StoreSupplies(settings, parts.pool))
         return [
             LedgerMaintenance(
                 parts.pool,
                 parts.publisher,
-                stores,
+                opened,
                 settings.topics,
                 metrics,
                 timedelta(seconds=settings.deletion_check_interval_seconds),
                 timedelta(seconds=settings.deletion_redelivery_seconds),
                 timedelta(seconds=settings.rebuild_grace_seconds),
                 audit_retention=settings.api_audit_retention,
-                purge=PurgeRound(parts.pool, purge_checks(settings, parts.pool, stores))
+                purge=PurgeRound(parts.pool, purge_checks(settings, parts.pool, opened))
                 if settings.deletion_purge_check_seconds > 0
                 else None,
                 purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
@@ -333,19 +344,32 @@ def build_deletion_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     # Requests and acknowledgements each on a consumer of their own: under load the stores
     # acknowledge hundreds of tombstones a second (a revocation sends one to every store),
     # and a request waiting behind them delayed its own erasure by seconds.
-    return build_projection_worker(settings, metrics, projection, maintenance, agent_per_input=True)
+    return build_projection_worker(
+        settings, metrics, port, projection, maintenance, agent_per_input=True
+    )
 
 
-def build_store_worker(settings: Settings, metrics: Metrics, store: str) -> WorkerParts:
+# How a derived store is kept up to date from a stream besides tombstones (``STORE_FEEDS``):
+# it adds the agents that feed it to the store worker's resources.
+Feed = Callable[[Settings, Metrics, "Resources", StoreSupplies], None]
+
+
+def build_store_worker(
+    settings: Settings,
+    metrics: Metrics,
+    port: int,
+    store: type[DerivedStore],
+    feed: Feed | None,
+    stores: StoreRegistry,
+) -> WorkerParts:
     """A derived store: honours tombstones in its own consumer group, and keeps itself up to
-    date where it is fed by a stream (``STORE_FEEDS``)."""
-    parts = open_resources(settings, metrics, store)
+    date where it is fed by a stream (``feed``)."""
+    parts = open_resources(settings, metrics, store.name, port)
     supplies = StoreSupplies(settings, parts.pool)
-    derived = BY_NAME[store].open(supplies)
-    feed = STORE_FEEDS.get(store)
+    derived = store.open(supplies)
     if feed is not None:
         feed(settings, metrics, parts, supplies)
-    handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics)
+    handler = TombstoneHandler(derived, parts.publisher, settings.topics, metrics, stores=stores)
     add_agent(settings, metrics, parts, handler.name, [DELETION_TOMBSTONES], handler)
     return parts.parts(metrics, settings, parts.services)
 
@@ -384,37 +408,28 @@ def feed_cache(
 
 
 # The stores that are also fed by a stream, besides tombstones.
-STORE_FEEDS: dict[str, Callable[[Settings, Metrics, Resources, StoreSupplies], None]] = {
+STORE_FEEDS: dict[str, Feed] = {
     "embeddings": feed_embeddings,
     "cache": feed_cache,
 }
 
 
-def consumers_per_worker(kind: str) -> int:
-    """The members one worker of ``kind`` adds to its group: a consumer per agent (the
-    ledger's requests and acknowledgements; a store's tombstones and its feed where it has
-    one; the monitor consumes nothing)."""
-    if kind not in CONSUMING_KINDS:
-        return 0
-    if kind == "deletion":
-        return len(LedgerProjection.input_specs)  # requests, acknowledgements
-    return 2 if kind in STORE_FEEDS else 1
-
-
-def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
-    """Consumer lag of every memproj group and the ghost audit of every derived store."""
+def build_monitor_worker(
+    settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
+) -> WorkerParts:
+    """Consumer lag of every memproj group and the ghost audit of every one of ``stores``."""
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
     monitor = MonitorService(
         LagCollector(settings.kafka, settings.group_prefix),
         pool,
-        open_all(StoreSupplies(settings, pool)),
+        stores.open_all(StoreSupplies(settings, pool)),
         metrics,
         timedelta(seconds=settings.monitor_interval_seconds),
         timedelta(seconds=settings.audit_interval_seconds),
     )
     state = WorkerState(None, in_group=False)
     services: list[Service] = [
-        probe_service(settings, metrics, "monitor", state),
+        probe_service(settings, metrics, port, state),
         DatabaseService(pool),
         monitor,
     ]
@@ -422,15 +437,108 @@ def build_monitor_worker(settings: Settings, metrics: Metrics) -> WorkerParts:
     return WorkerParts(services, metrics, GracefulShutdown(state, [], None, budget))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerKind:
+    """A kind of worker (``memproj worker NAME``): how it is built, and what a deployment of
+    it must know (``streams.deployment`` writes the Kubernetes, compose and Prometheus files
+    from these)."""
+
+    name: str
+    # Its /metrics, /healthz and /readyz port: each kind its own, so that every worker on
+    # one host can be scraped.
+    metrics_port: int
+    builder: Callable[[Settings, Metrics, int], WorkerParts]
+    # The members one worker adds to its kind's consumer group, a consumer per agent (0: it
+    # consumes nothing).
+    consumers: int
+    # Why one worker of the kind runs at a time; None: more share the kind's partitions.
+    single: str | None = None
+    # The derived store the kind keeps (a store worker).
+    store: type[DerivedStore] | None = None
+    # Whether it opens every derived store (the verification probe, the ghost audit): it
+    # mounts their volumes, beside their writers.
+    reads_every_store: bool = False
+
+    def build(self, settings: Settings, metrics: Metrics) -> WorkerParts:
+        return self.builder(settings, metrics, self.metrics_port)
+
+
+@dataclass(frozen=True)
+class WorkerRegistry:
+    """Every worker kind: the projections, the ledger, a worker per derived store of
+    ``stores`` (fed by ``feeds`` where a stream keeps it up to date), and the monitor.
+    ``WORKERS`` is memproj's; ``with_store`` adds a store, and its worker, without editing
+    a registry's module."""
+
+    stores: StoreRegistry = STORES
+    feeds: Mapping[str, Feed] = field(default_factory=lambda: dict(STORE_FEEDS))
+
+    @cached_property
+    def kinds(self) -> dict[str, WorkerKind]:
+        stores = self.stores
+        kinds = [
+            WorkerKind("memory", 9101, partial(build_memory_worker, stores=stores), 1),
+            WorkerKind("conversation", 9102, build_conversation_worker, 1),
+            WorkerKind(
+                "deletion",
+                9103,
+                partial(build_deletion_worker, stores=stores),
+                len(LedgerProjection.input_specs),  # requests, acknowledgements
+                single="its maintenance (redelivery, verification, segment rolls) runs in "
+                "every process",
+                reads_every_store=True,
+            ),
+            *(self._store_kind(store) for store in stores),
+            WorkerKind(
+                "monitor",
+                9108,
+                partial(build_monitor_worker, stores=stores),
+                0,
+                single="two would report every lag and ghost gauge twice",
+                reads_every_store=True,
+            ),
+        ]
+        for fact in ("name", "metrics_port"):
+            values = [getattr(kind, fact) for kind in kinds]
+            shared = sorted({str(v) for v in values if values.count(v) > 1})
+            if shared:
+                raise ValueError(f"worker kinds share a {fact}: {', '.join(shared)}")
+        return {kind.name: kind for kind in kinds}
+
+    def _store_kind(self, store: type[DerivedStore]) -> WorkerKind:
+        feed = self.feeds.get(store.name)
+        build = partial(build_store_worker, store=store, feed=feed, stores=self.stores)
+        # Its tombstones, and its feed where it has one.
+        consumers = 1 if feed is None else 2
+        return WorkerKind(
+            store.name, store.metrics_port, build, consumers, store.single_writer, store
+        )
+
+    def with_store(self, store: type[DerivedStore], feed: Feed | None = None) -> WorkerRegistry:
+        feeds = dict(self.feeds) if feed is None else {**self.feeds, store.name: feed}
+        return WorkerRegistry(self.stores.with_store(store), feeds)
+
+    @property
+    def metrics_ports(self) -> dict[str, int]:
+        return {name: kind.metrics_port for name, kind in self.kinds.items()}
+
+    @property
+    def consuming(self) -> tuple[str, ...]:
+        """Every kind with a consumer group (all but the monitor)."""
+        return tuple(name for name, kind in self.kinds.items() if kind.consumers)
+
+
+WORKERS = WorkerRegistry()
 WORKER_KINDS: dict[str, Callable[[Settings, Metrics], WorkerParts]] = {
-    "memory": build_memory_worker,
-    "conversation": build_conversation_worker,
-    "deletion": build_deletion_worker,
-    **{store: partial(build_store_worker, store=store) for store in STORE_NAMES},
-    "monitor": build_monitor_worker,
+    name: kind.build for name, kind in WORKERS.kinds.items()
 }
-# Every kind but the monitor, which consumes no topic.
-CONSUMING_KINDS = tuple(kind for kind in WORKER_KINDS if kind != "monitor")
+METRICS_PORTS = WORKERS.metrics_ports
+CONSUMING_KINDS = WORKERS.consuming
+
+
+def consumers_per_worker(kind: str) -> int:
+    """The members one worker of ``kind`` adds to its group."""
+    return WORKERS.kinds[kind].consumers
 
 
 class GracefulWorker(mode.Worker):
@@ -450,7 +558,7 @@ def build_worker(settings: Settings, kind: str) -> mode.Worker:
     settings.worker_master_keys()  # refuses the development key outside local development
     # A wrong password, an untrusted certificate or a group it may not use ends it here.
     settings.kafka.check_connection(group=None if kind == "monitor" else settings.group_id(kind))
-    parts = WORKER_KINDS[kind](settings, Metrics(CollectorRegistry()))
+    parts = WORKERS.kinds[kind].build(settings, Metrics(CollectorRegistry()))
     options: dict[str, Any] = {
         "shutdown": parts.shutdown,
         "loglevel": settings.log_level,

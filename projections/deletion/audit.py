@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from projections import rebuilds
 from projections.bookkeeping import Conn
 from projections.deletion.erasure import ErasureIndex, ErasureRow, erasure_row, latest_erasures
-from projections.stores import STORE_NAMES, DerivedStore
+from projections.stores import STORES, DerivedStore, StoreRegistry
 
 EXAMPLES = 10
 REBUILDS = "rebuilds"
@@ -70,7 +70,7 @@ async def save(conn: Conn, results: Iterable[AuditResult], now: datetime) -> Non
         )
 
 
-async def latest(conn: Conn) -> dict[str, tuple[int, datetime]]:
+async def latest(conn: Conn, stores: StoreRegistry = STORES) -> dict[str, tuple[int, datetime]]:
     cursor = await conn.execute("SELECT store, ghost_items, audited_at FROM ghost_audits")
     found = {row[0]: (int(row[1]), row[2]) for row in await cursor.fetchall()}
-    return {store: found[store] for store in (*STORE_NAMES, REBUILDS) if store in found}
+    return {store: found[store] for store in (*stores.names, REBUILDS) if store in found}

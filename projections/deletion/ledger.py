@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 from projections.deletion.erasure import (
     EntityKey,
@@ -44,13 +44,22 @@ from topics.outputs import MemoryRecord, Rejection, RejectionReason
 RequestKey = tuple[str, str]  # (tenant_id, deletion_id)
 
 
-def required_stores(target: TargetType) -> tuple[StoreName, ...]:
-    """The stores that must acknowledge a deletion of ``target``: the registry's stores that
-    hold copies of it (a memory has no summary or context view of its own)."""
-    # Imported here: the stores' objects use this module's ledger entries.
-    from projections.stores import required_stores as of_registry
+class RequiredStores(Protocol):
+    """The derived stores a deletion waits for (``projections.stores.StoreRegistry``)."""
 
-    return of_registry(target)
+    def required(self, target: TargetType) -> tuple[StoreName, ...]: ...
+
+
+def required_stores(target: TargetType, stores: RequiredStores | None = None) -> tuple[str, ...]:
+    """The stores that must acknowledge a deletion of ``target``: those of ``stores`` (by
+    default memproj's registry) that hold copies of it (a memory has no summary or context
+    view of its own)."""
+    if stores is None:
+        # Imported here: the stores' objects use this module's ledger entries.
+        from projections.stores import STORES
+
+        return STORES.required(target)
+    return stores.required(target)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +115,10 @@ class LedgerEntry:
 
 
 def plan_erasure(
-    event: DeletionRequested, resolved: ResolvedTarget, default_deadline: timedelta
+    event: DeletionRequested,
+    resolved: ResolvedTarget,
+    default_deadline: timedelta,
+    stores: RequiredStores | None = None,
 ) -> LedgerEntry:
     payload = event.payload
     target = payload.target
@@ -127,7 +139,7 @@ def plan_erasure(
         reason=payload.reason,
         cut_off=event.occurred_at,
         deadline_at=payload.deadline_at or event.occurred_at + default_deadline,
-        required_stores=required_stores(target.type),
+        required_stores=required_stores(target.type, stores),
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
@@ -140,7 +152,10 @@ def revocation_id(tenant_id: str, event_id: str) -> str:
 
 
 def plan_revocation(
-    event: MemoryRevoked, record: MemoryRecord, default_deadline: timedelta
+    event: MemoryRevoked,
+    record: MemoryRecord,
+    default_deadline: timedelta,
+    stores: RequiredStores | None = None,
 ) -> LedgerEntry:
     """A revoked memory leaves every derived store the way a deletion does; its authoritative
     row and history stay (further events on it are refused as ``revoked``). The revocation's
@@ -154,7 +169,7 @@ def plan_revocation(
         reason="revoked",
         cut_off=event.occurred_at,
         deadline_at=event.occurred_at + default_deadline,
-        required_stores=required_stores("memory"),
+        required_stores=required_stores("memory", stores),
         request_event_id=event.event_id,
         resolved=ResolvedTarget(memories=(record.memory_id,)),
     )
@@ -245,6 +260,7 @@ def reduce_ledger(
     states: Mapping[RequestKey, RequestState],
     seen: Mapping[EventKey, bytes],
     default_deadline: timedelta,
+    stores: RequiredStores | None = None,
 ) -> LedgerBatch:
     batch = LedgerBatch()
     idempotency = IdempotencyCheck(seen)
@@ -267,7 +283,7 @@ def reduce_ledger(
                     )
                 )
                 continue
-            entry = plan_erasure(event, resolved[key], default_deadline)
+            entry = plan_erasure(event, resolved[key], default_deadline, stores)
             batch.entries.append(entry)
             batch.states[key] = initial_state(entry)
         else:

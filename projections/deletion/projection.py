@@ -28,7 +28,7 @@ from projections.idempotency import EventKey
 from projections.memory import store as memory_store
 from projections.memory.current import current_message, erased_messages, sharing_old_key
 from projections.sealing.probes import ProbeSealer
-from projections.stores import STORE_NAMES
+from projections.stores import STORES, StoreRegistry
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
 from topics.envelope import EventLike
@@ -49,11 +49,18 @@ from topics.schemas import SchemaRegistry
 
 
 class LedgerCodec:
-    """Requests are contract events; acknowledgements are memproj's own records."""
+    """Requests are contract events; acknowledgements are memproj's own records, each from
+    one of ``stores``."""
 
-    def __init__(self, schemas: SchemaRegistry, topics: TopicNames | None = None) -> None:
+    def __init__(
+        self,
+        schemas: SchemaRegistry,
+        topics: TopicNames | None = None,
+        stores: StoreRegistry = STORES,
+    ) -> None:
         self._requests = EventCodec(schemas, frozenset({"deletion.requested"}))
         self._acks_topic = None if topics is None else topics.name(DELETION_ACKS)
+        self._stores = stores.names
 
     def decode(self, key: bytes | None, value: bytes | None, topic: str | None = None) -> EventLike:
         # The topic decides what a message may be: a forged acknowledgement on the public
@@ -76,7 +83,7 @@ class LedgerCodec:
             ack = Acknowledgement.model_validate_json(value)
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
-        if ack.store not in STORE_NAMES:
+        if ack.store not in self._stores:
             raise InvalidMessage(
                 DeadLetterReason.INVALID_EVENT, f"no derived store is named {ack.store!r}"
             )
@@ -122,8 +129,10 @@ class LedgerProjection:
         observer: CompletionObserver,
         *,
         probes: ProbeSealer,
+        stores: StoreRegistry = STORES,
     ) -> None:
-        self.codec = LedgerCodec(schemas, topics)
+        self.codec = LedgerCodec(schemas, topics, stores)
+        self._stores = stores
         self._probes = probes
         self._topics = topics
         self._embedder = embedder
@@ -155,7 +164,9 @@ class LedgerProjection:
     def reduce(
         self, events: Sequence[LedgerEvent], state: LedgerState, seen: dict[EventKey, bytes]
     ) -> LedgerBatch:
-        return reduce_ledger(events, state.resolved, state.states, seen, self._default_deadline)
+        return reduce_ledger(
+            events, state.resolved, state.states, seen, self._default_deadline, self._stores
+        )
 
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
         await record_and_erase(conn, outcome.entries, self._embedder, self._probes)

@@ -209,7 +209,10 @@ def _is_stale_version_error(error: Exception) -> bool:
 
     LanceDB reports it as a ValueError ("Version N no longer exists") on checkout, and as a
     RuntimeError ("Not found: LanceError(IO) ... .lance") or an OSError when a query touches
-    the deleted data files.
+    the deleted data files. No exception class of its own says so: the wording is lancedb
+    0.40's (pinned in ops/constraints.txt), and tests/projections/test_lance_store.py's
+    ``test_removed_entries_stay_in_old_versions_until_the_history_is_purged`` and
+    ``test_a_reader_whose_version_was_cleaned_up_reopens_the_table`` fail when it changes.
     """
     if isinstance(error, OSError):
         return True
@@ -591,7 +594,12 @@ def _maintain_indexes(table: Table) -> None:
 def _optimize_dropping_history(table: Table) -> None:
     with warnings.catch_warnings():
         # LanceDB warns that other readers of old versions will fail. It is expected: this
-        # process is the only writer, and readers reopen the table when that happens.
+        # process is the only writer, and readers reopen the table when that happens. No
+        # parameter or warning class of LanceDB's tells this warning apart (the other
+        # cleanup, ``cleanup_old_versions``, needs pylance, which lancedb 0.40 no longer
+        # installs), so the filter matches lancedb 0.40's wording (pinned in
+        # ops/constraints.txt); tests/projections/test_lance_store.py's
+        # ``test_purging_the_history_warns_nothing`` fails when it changes.
         warnings.filterwarnings(
             "ignore", message=r"optimize\(cleanup_older_than=0\)", category=UserWarning
         )
@@ -607,6 +615,14 @@ OPTIMIZE_ROUNDS = 3
 
 
 def _deleted_rows_remain(table: Table) -> bool:
+    """Whether the latest version hides deleted rows that are still in its data files.
+
+    Lance records it in a version's metadata (``list_versions``, public) as the statistic
+    ``total_deletion_file_rows``, which LanceDB does not document: ``Table.stats()`` counts
+    rows after deletions and gives per-fragment lengths only as percentiles, and pylance's
+    ``dataset_stats`` is not installed with lancedb 0.40 (pinned in ops/constraints.txt).
+    tests/projections/test_lance_store.py's
+    ``test_lancedb_records_the_deleted_rows_a_purge_rewrites`` fails when it changes."""
     latest = max(table.list_versions(), key=lambda version: int(version["version"]))
     metadata = latest.get("metadata", {})
     # Without the statistic, assume the worst: a needless rewrite is only slower.

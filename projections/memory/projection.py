@@ -9,6 +9,7 @@ from datetime import timedelta
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex
+from projections.deletion.ledger import RequiredStores
 from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
@@ -53,6 +54,7 @@ class MemoryProjection:
         revocation_deadline: timedelta,
         keys: KeyStore,
         observer: RedactionObserver | None = None,
+        stores: RequiredStores | None = None,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
         self.codec = SealedCodec(EventCodec(schemas, accepted, {"value": max_value_bytes}), keys)
@@ -60,6 +62,7 @@ class MemoryProjection:
         self._current_topic = topics.name(MEMORY_CURRENT)
         self._revocation_deadline = revocation_deadline
         self._observer = observer
+        self._stores = stores
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -107,7 +110,9 @@ class MemoryProjection:
     def reduce(
         self, events: Sequence[MemoryEvent], state: MemoryState, seen: dict[EventKey, bytes]
     ) -> BatchResult:
-        return reduce_batch(events, state.records, seen, state.erasures, self._revocation_deadline)
+        return reduce_batch(
+            events, state.records, seen, state.erasures, self._revocation_deadline, self._stores
+        )
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
         await store.save_batch(conn, outcome)

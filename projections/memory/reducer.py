@@ -22,7 +22,7 @@ from projections.deletion.erasure import (
     memory_key,
     subject_key,
 )
-from projections.deletion.ledger import LedgerEntry, plan_revocation
+from projections.deletion.ledger import LedgerEntry, RequiredStores, plan_revocation
 from projections.idempotency import (
     DUPLICATE_MISMATCH,
     EventKey,
@@ -299,9 +299,11 @@ def reduce_batch(
     seen: Mapping[EventKey, bytes],
     erasures: ErasureIndex = NO_ERASURES,
     revocation_deadline: timedelta = timedelta(hours=1),
+    stores: RequiredStores | None = None,
 ) -> BatchResult:
     """Fold ``events`` in order over ``records``; ``seen`` maps processed event ids to hashes
-    and ``erasures`` holds the erasures that may cover the batch's events.
+    and ``erasures`` holds the erasures that may cover the batch's events. A revocation waits
+    for ``stores`` (by default memproj's derived stores).
 
     Only the records the batch changed are returned; the inputs are not modified.
     """
@@ -358,7 +360,7 @@ def reduce_batch(
         result.versions.append(decision.version)
         if isinstance(event, MemoryRevoked):
             result.revocations.append(
-                plan_revocation(event, decision.version.record, revocation_deadline)
+                plan_revocation(event, decision.version.record, revocation_deadline, stores)
             )
     result.processed = idempotency.processed
     result.redelivered = idempotency.redelivered

@@ -77,10 +77,26 @@ class StoreResources(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class StoreVolume:
+    """Files a store keeps on its worker's disk, under ``MEMPROJ_DATA_DIR``: a volume its
+    worker writes and the kinds that read every store (the verification probe, the ghost
+    audit) mount too, on the same node."""
+
+    name: str  # the volume's name in a pod
+    claim: str  # its PersistentVolumeClaim (ops/k8s/pvc.yaml)
+    directory: str  # where under MEMPROJ_DATA_DIR
+
+
 class DerivedStore(ABC):
     name: ClassVar[str]
     # The port of the store's worker's /metrics endpoint.
     metrics_port: ClassVar[int]
+    # Why only one worker of the store may run at a time (its deployment stops the old one
+    # before it starts the new one); None: its workers share the tombstones' partitions.
+    single_writer: ClassVar[str | None] = None
+    # Its files on the worker's disk; None: it keeps its data in PostgreSQL or Redis.
+    volume: ClassVar[StoreVolume | None] = None
     # How long the store may take to acknowledge a tombstone before the ledger reports it
     # overdue (``MemprojDeletionPendingTooLong`` compares against it).
     deletion_slo_seconds: ClassVar[int]

@@ -23,7 +23,13 @@ from projections.embeddings.vectors import (
     memory_entry_id,
 )
 from projections.sealing.probes import ProbeSealer
-from projections.stores.base import DerivedStore, Erased, StoreResources, VectorShadows
+from projections.stores.base import (
+    DerivedStore,
+    Erased,
+    StoreResources,
+    StoreVolume,
+    VectorShadows,
+)
 from topics.deletion import Tombstone
 
 # Entries per batch of the scans of the ghost audit and the verification probe: what they
@@ -54,6 +60,9 @@ class EmbeddingsStore(DerivedStore):
     name = "embeddings"
     metrics_port = 9104
     deletion_slo_seconds = 900
+    single_writer = "the vector store's history purge assumes one writer process"
+    # LanceDB, in MEMPROJ_DATA_DIR/lancedb (``Settings.vector_store_path``).
+    volume = StoreVolume(name="vectors", claim="memproj-vectors", directory="lancedb")
 
     def __init__(
         self,

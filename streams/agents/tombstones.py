@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from projections.bookkeeping import OutboxMessage
 from projections.deadletters.sealing import Position
-from projections.stores import STORE_NAMES
+from projections.stores import STORES, StoreRegistry
 from projections.stores.base import DerivedStore, Erased
 from streams.failures import FailureKind, classify, loggable, retry_transient
 from streams.isolation import Isolation, position, raise_refused, stage
@@ -37,9 +37,6 @@ from topics.outputs import DeadLetterReason
 from topics.registry import DELETION_ACKS, TopicNames, is_key_of, output_key
 
 log = logging.getLogger(__name__)
-
-# A tombstone that names a store memproj does not have was not written by its ledger.
-KNOWN = frozenset(STORE_NAMES)
 
 
 def _still_reachable(erased: Erased) -> str:
@@ -56,8 +53,11 @@ class TombstoneHandler:
         metrics: Metrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_backoff_seconds: float = 30.0,
+        stores: StoreRegistry = STORES,
     ) -> None:
         self.store = store
+        # A tombstone that names a store memproj does not have was not written by its ledger.
+        self._known = frozenset(stores.names)
         self._publisher = publisher
         self._acks_topic = topics.name(DELETION_ACKS)
         self._metrics = metrics
@@ -202,15 +202,14 @@ class TombstoneHandler:
                 what, partial(self._publisher.publish, messages), self._max_backoff
             )
 
-    @staticmethod
-    def _decode(message: InputMessage) -> Tombstone:
+    def _decode(self, message: InputMessage) -> Tombstone:
         try:
             tombstone = Tombstone.model_validate_json(message.value or b"")
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, str(exc)[:500]) from exc
         if not is_key_of(message.key, tombstone.tenant_id, tombstone.deletion_id):
             raise InvalidMessage(DeadLetterReason.KEY_MISMATCH, "key does not match the tombstone")
-        unknown = sorted({*tombstone.required_stores, *(tombstone.for_stores or ())} - KNOWN)
+        unknown = sorted({*tombstone.required_stores, *(tombstone.for_stores or ())} - self._known)
         if unknown:
             raise InvalidMessage(DeadLetterReason.INVALID_EVENT, f"unknown stores {unknown}")
         return tombstone

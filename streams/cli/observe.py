@@ -18,7 +18,7 @@ from rich.table import Table
 from projections.bookkeeping import Conn
 from projections.deletion import audit as ghost_audit
 from projections.deletion import queries as ledger
-from projections.stores import STORE_NAMES, open_all
+from projections.stores import STORES
 from streams.cli.audit import plaintext
 from streams.cli.common import echo_json, settings_of, talks_to_kafka
 from streams.lag import LagCollector, PartitionLag
@@ -45,7 +45,7 @@ def audit_ghosts(ctx: click.Context, as_json: bool) -> None:
         # Stores read through the connection below: the pool is never opened.
         supplies = StoreSupplies(settings, make_pool(settings.postgres_conninfo, 1))
         try:
-            stores = open_all(supplies)
+            stores = STORES.open_all(supplies)
             async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
                 results = await ghost_audit.audit_ghosts(conn, stores, datetime.now(UTC))
                 await conn.commit()
@@ -125,7 +125,7 @@ def render(snapshot: Snapshot, settings: Settings) -> Group:
     stores = Table(title="derived stores", expand=True)
     for column in ("store", "pending", "oldest (s)", "overdue", "ghost items", "blocked reads"):
         stores.add_column(column, justify="left" if column == "store" else "right")
-    for store in STORE_NAMES:
+    for store in STORES.names:
         pending = snapshot.pending.get(store, ledger.PendingDeletions(0, 0.0, 0))
         ghosts, audited = snapshot.ghosts.get(store, (0, None))
         stores.add_row(

@@ -1,4 +1,4 @@
-"""The README documents every setting and every topic of the registry."""
+"""The README links the settings reference and documents every topic of the registry."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from topics.registry import ALL_TOPICS, DLQ_SUFFIX
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
-def test_every_setting_is_documented() -> None:
-    missing = [
-        f"MEMPROJ_{name.upper()}"
-        for name in Settings.model_fields
-        if f"`MEMPROJ_{name.upper()}`" not in README
-    ]
-    assert not missing, f"README lacks {missing}"
+def test_the_configuration_links_the_settings_reference() -> None:
+    # The reference documents every setting (tests/streams/test_deployment.py keeps it the
+    # settings' own); the README names the few most deployments set.
+    assert "[settings reference](docs/settings.md)" in README
+    named = [name for name in Settings.model_fields if f"`MEMPROJ_{name.upper()}`" in README]
+    assert {"kafka_bootstrap", "postgres_dsn", "master_key_file"} <= set(named)
 
 
 def test_every_topic_is_documented() -> None:

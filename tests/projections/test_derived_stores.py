@@ -20,7 +20,7 @@ from projections.cache.store import RecallCache, RedisCache, connect, holdings_o
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
-from projections.stores import REGISTRY
+from projections.stores import STORES
 from projections.stores.base import DerivedStore
 from projections.stores.cache import CacheStore
 from projections.stores.embeddings import EmbeddingsStore
@@ -42,7 +42,7 @@ NO_CONN = cast(Conn, None)  # the stores that never read PostgreSQL are given no
 def test_every_store_of_the_registry_has_its_contract_run_on_a_fake() -> None:
     on_fakes = {holder.store_name for holder in (EmbeddingsOnFake, CacheOnFake)}
     on_fakes |= {store.name for store in (InMemorySummaries, InMemoryContext)}
-    assert on_fakes == {store.name for store in REGISTRY}
+    assert on_fakes == {store.name for store in STORES}
 
 
 # -- the embeddings store ----------------------------------------------------------------------

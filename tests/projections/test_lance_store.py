@@ -6,6 +6,7 @@ marked integration as every test of a real backend is, but the pure filters and 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -294,6 +295,32 @@ def test_purging_erases_removed_entries_from_the_files_on_disk(tmp_path: Path) -
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
     return [path for path in root.rglob("*") if path.is_file() and needle in path.read_bytes()]
+
+
+@integration
+def test_lancedb_records_the_deleted_rows_a_purge_rewrites(tmp_path: Path) -> None:
+    """The purge reads lancedb's version statistic of deleted rows; were it gone (an upgrade
+    renaming it), every purge would rewrite the whole table, unnoticed but for this."""
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+    store.upsert([memory(f"m{i}", f"memory {i}") for i in range(20)])
+    assert not lance._deleted_rows_remain(store.table)
+    store.remove(Match("tenant-a", memory_ids=("m0",)))
+    assert lance._deleted_rows_remain(store.table)
+    store.purge_history()
+    assert not lance._deleted_rows_remain(store.table)
+
+
+@integration
+def test_purging_the_history_warns_nothing(tmp_path: Path) -> None:
+    """LanceDB's warning about cleaning up every old version is expected and filtered by its
+    wording: an upgrade that rewords it fails here, not in a user's log."""
+    store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+    store.upsert([memory("m1", "one"), memory("m2", "two")])
+    store.remove(Match("tenant-a", memory_ids=("m1",)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store.purge_history()
+    assert store.history_versions() == 0
 
 
 @integration

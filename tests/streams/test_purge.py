@@ -21,7 +21,7 @@ from projections.deletion.purge import (
     RAW_INPUT_PLACE,
     REBUILD_COPIES_PLACE,
 )
-from projections.stores import STORE_NAMES
+from projections.stores import STORES
 from streams.cli import cli
 from streams.sample import EventFactory
 from support.deletion_scenario import audit, compact_quickly, detail, wait_indexed
@@ -40,7 +40,7 @@ PLACES = {
     RAW_INPUT_PLACE,
     PROJECTION_TABLES_PLACE,
     REBUILD_COPIES_PLACE,
-    *STORE_NAMES,
+    *STORES.names,
 }
 
 

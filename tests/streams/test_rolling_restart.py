@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from projections.embeddings.vectors import Match
 from projections.shadow import SPECS
 from projections.shadow import checksums as table_checksums
-from projections.stores import STORE_NAMES
+from projections.stores import STORES
 from streams.kafka import admin_config
 from streams.sample import EventFactory, sample_conversation_stream, sample_memory_stream
 from support.deletion_scenario import recent_factory, vectors
@@ -202,7 +202,7 @@ def waiting_for_lock(env: Any, table: str) -> bool:
 
 # The erasure path: the ledger, every derived store and the monitor, each restarted while
 # deletions flow through it.
-ERASURE_KINDS = ("deletion", *STORE_NAMES, "monitor")
+ERASURE_KINDS = ("deletion", *STORES.names, "monitor")
 SUBJECTS_PER_PHASE, ERASED_PER_PHASE = 24, 16
 
 
@@ -312,7 +312,7 @@ def test_a_rolling_restart_of_the_erasure_path_completes_every_deletion_once(env
         grouped = {} if kind == "monitor" else {"group": True}
         wait_probe(env, ports[kind], "/readyz", 200, database=True, running=True, **grouped)
 
-    everything = frozenset(STORE_NAMES)
+    everything = frozenset(STORES.names)
 
     def all_verified() -> dict[str, Any] | None:
         outcome = ledger_outcome(env)
@@ -333,7 +333,7 @@ def test_a_rolling_restart_of_the_erasure_path_completes_every_deletion_once(env
         for _, value in env.read(DELETION_ACKS)
         if value and value["status"] == "done"
     )
-    assert acks == Counter((d, store) for d in requested for store in STORE_NAMES)
+    assert acks == Counter((d, store) for d in requested for store in STORES.names)
     # What was not erased is all there: every kept subject's memories, projected and indexed.
     kept = len(ERASURE_KINDS) * (SUBJECTS_PER_PHASE - ERASED_PER_PHASE)
     with env.connect() as conn:
@@ -350,7 +350,7 @@ def test_a_rolling_restart_of_the_erasure_path_completes_every_deletion_once(env
     indexed = vectors(env).find(Match(tenant_id="acme", memory_ids=kept_memories))
     assert len({entry.memory_id for entry in indexed}) == 2 * kept
     # The restarted monitor's ghost audit finds nothing in any store.
-    for store in STORE_NAMES:
+    for store in STORES.names:
         env.wait_until(
             lambda s=store: (
                 metric_sample(ports["monitor"], "memproj_ghost_items", store=s)

@@ -23,7 +23,7 @@ from projections.deletion import queries as ledger
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import Match
 from projections.memory.store import RecallQuery
-from projections.stores import DerivedStore, open_all
+from projections.stores import STORES, DerivedStore
 from streams import reads
 from streams.cli import cli
 from streams.kafka import admin_config
@@ -170,7 +170,7 @@ def prime_cache(env: Any, tenant: str) -> None:
 def stores_of(env: Any) -> list[DerivedStore]:
     """Every registered derived store, opened on this test's settings (read-only use: the
     pool they are given is never opened)."""
-    return open_all(StoreSupplies(env.settings, make_pool(env.settings.postgres_dsn, 1)))
+    return STORES.open_all(StoreSupplies(env.settings, make_pool(env.settings.postgres_dsn, 1)))
 
 
 def compact_quickly(bootstrap: str, topic: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from projections.stores import STORE_NAMES as STORES
+from projections.stores import STORES
 from streams.sample import iso
 from support.hostile.json_surgery import nested, raw_at
 from support.hostile.making import Maker, Round, planned_event, wrong_and_missing
@@ -136,7 +136,7 @@ def tombstone(maker: Maker, tenant: str = FORGED_TENANT) -> dict[str, Any]:
         "issued_at": iso(CLOCK),
         "cut_off": iso(CLOCK),
         "deadline_at": iso(CLOCK + timedelta(days=1)),
-        "required_stores": list(STORES),
+        "required_stores": list(STORES.names),
     }
 
 
@@ -196,6 +196,6 @@ def forged_tombstones(r: Round, spec: TopicSpec) -> None:
     # Well-formed, for a deletion nobody asked for, of things nobody has: erased (nothing),
     # acknowledged, and refused by the ledger; or for no store at all.
     forged = tombstone(r.maker)
-    forged["required_stores"] = r.draw(st.sampled_from([list(STORES), [], ["cache"]]))
+    forged["required_stores"] = r.draw(st.sampled_from([list(STORES.names), [], ["cache"]]))
     key = f"{FORGED_TENANT}:{forged['deletion_id']}".encode()
     r.add(Planned(spec, key, orjson.dumps(forged), Expect.EITHER, "tombstone_unknown"))

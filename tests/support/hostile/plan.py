@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from projections.stores import STORE_NAMES as STORES
+from projections.stores import STORES
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_MESSAGES,
@@ -70,7 +70,7 @@ CONSUMERS: dict[str, int] = {
     DELETION_ACKS.base_name: 1,  # the ledger
     MEMORY_SEALED.base_name: 1,  # the memory projection of the sealed log
     CONVERSATION_SEALED.base_name: 1,  # the conversation projection of the sealed log
-    DELETION_TOMBSTONES.base_name: len(STORES),  # every derived store
+    DELETION_TOMBSTONES.base_name: len(STORES.names),  # every derived store
     MEMORY_CURRENT.base_name: 2,  # embeddings-index and cache-freshness
     CONVERSATION_MESSAGES.base_name: 1,  # embeddings-index
 }
