@@ -79,6 +79,24 @@ def _members(annotation: Any) -> tuple[Any, ...] | None:
     return None
 
 
+def _declared(base: Any, metadata: tuple[Any, ...]) -> bool:
+    """Declared to hold no personal text: ``NotPersonal``, or an enumeration."""
+    if any(isinstance(mark, NotPersonal) for mark in metadata):
+        return True
+    return get_origin(base) is Literal or (isinstance(base, type) and issubclass(base, Enum))
+
+
+def _is_scalar(base: Any) -> bool:
+    return isinstance(base, type) and issubclass(base, _SCALARS)
+
+
+def _items(base: Any) -> tuple[Any, ...] | None:
+    """The item types of a list or tuple (``Any`` when not given), or None for another type."""
+    if get_origin(base) in (list, tuple) or base in (list, tuple):
+        return tuple(arg for arg in get_args(base) if arg is not Ellipsis) or (Any,)
+    return None
+
+
 def _model_fields(model: type[BaseModel]) -> Iterator[tuple[str, Any]]:
     """Each field with its whole annotation (pydantic keeps a field's top-level metadata apart
     from its type)."""
@@ -97,19 +115,13 @@ def field_shapes(model: type[BaseModel]) -> Mapping[str, Shape]:
 
 def shape_of(annotation: Any) -> Shape:
     base, metadata = _split(annotation)
-    if any(isinstance(mark, NotPersonal) for mark in metadata):
-        return Shape.KEPT
-    if get_origin(base) is Literal or (isinstance(base, type) and issubclass(base, Enum)):
+    if _declared(base, metadata) or _is_scalar(base):
         return Shape.KEPT
     if base is str or base is Any or get_origin(base) is dict or base is dict:
         return Shape.FREE
     if _is_model(base):
         return Shape.MODELS
-    if isinstance(base, type) and issubclass(base, _SCALARS):
-        return Shape.KEPT
-    members = _members(base)
-    if members is None and get_origin(base) in (list, tuple):
-        members = tuple(arg for arg in get_args(base) if arg is not Ellipsis)
+    members = _members(base) or _items(base)
     if members is None:
         raise TypeError(f"cannot tell whether {annotation!r} holds text")
     shapes = {shape_of(member) for member in members} or {Shape.KEPT}
@@ -135,9 +147,7 @@ def _unmarked(annotation: Any, path: str, covered: bool, stack: tuple[type, ...]
         if not _PAYLOAD_FIELD.fullmatch(path):
             yield f"{path}: marked Personal below a payload's top level"
         covered = True
-    if any(isinstance(mark, NotPersonal) for mark in metadata):
-        return
-    if get_origin(base) is Literal or (isinstance(base, type) and issubclass(base, Enum)):
+    if _declared(base, metadata) or _is_scalar(base):
         return
     if base is str or base is Any:
         if not covered:
@@ -149,8 +159,6 @@ def _unmarked(annotation: Any, path: str, covered: bool, stack: tuple[type, ...]
         for name, field in _model_fields(base):
             yield from _unmarked(field, f"{path}.{name}" if path else name, covered, (*stack, base))
         return
-    if isinstance(base, type) and issubclass(base, _SCALARS):
-        return
     members = _members(base)
     if members is not None:
         for member in members:
@@ -161,10 +169,10 @@ def _unmarked(annotation: Any, path: str, covered: bool, stack: tuple[type, ...]
         yield from _unmarked(key, f"{path}[key]", covered, stack)
         yield from _unmarked(value, f"{path}[]", covered, stack)
         return
-    if get_origin(base) in (list, tuple) or base in (list, tuple):
-        for member in get_args(base) or (Any,):
-            if member is not Ellipsis:
-                yield from _unmarked(member, f"{path}[]", covered, stack)
+    items = _items(base)
+    if items is not None:
+        for item in items:
+            yield from _unmarked(item, f"{path}[]", covered, stack)
         return
     if not covered:
         yield f"{path}: {annotation!r}: cannot tell whether it holds text"
