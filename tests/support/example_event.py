@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import pytest
+from pydantic import Field
 
 from projections.sealing import fields
 from topics.envelope import Identifier, Personal, Text, Wire
@@ -18,7 +19,7 @@ from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 class MemoryReviewedPayload(Wire):
     memory_id: Identifier
-    reviewed_version: int
+    reviewed_version: int = Field(ge=1)
     decision: Literal["approved", "rejected"]
     # Free text from the reviewer: personal. Optional, so marked inside its ``| None``.
     note: Annotated[Text, Personal(placeholder="[unreadable]")] | None = None
