@@ -20,8 +20,8 @@ from projections.redaction import (
     redact_value,
 )
 from streams.sample import EventFactory, to_message
-from support.example_event import reviewed, schemas_with_reviews
 from support.examples import examples
+from support.new_event_type import reviewed, schemas_with_reviews
 from topics.codec import EventCodec
 from topics.schemas import default_schemas
 

@@ -34,7 +34,7 @@ from projections.sealing.fields import (
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, event_sealing_keys
 from streams.sample import EventFactory, to_message
-from support.example_event import register_reviews, reviewed, schemas_with_reviews
+from support.new_event_type import register_reviews, reviewed, schemas_with_reviews
 from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
 from topics.outputs import DeadLetterReason

@@ -41,7 +41,7 @@ from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
 from support.embedders import vectors_of
-from support.example_event import register_reviews, reviewed
+from support.new_event_type import register_reviews, reviewed
 from topics.registry import (
     CONVERSATION_REJECTIONS,
     DELETION_ACKS,
