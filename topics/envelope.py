@@ -48,7 +48,8 @@ Identifier = Annotated[
 ]
 # References such as "conv_71/msg_993" join two identifiers, so they get more room.
 Reference = Annotated[str, StringConstraints(min_length=1, max_length=512), PSEUDONYMOUS_ID]
-# Free text: every field of this type is marked ``Personal`` or ``NotPersonal`` where it is used.
+# Free text: an event's field of this type is marked ``Personal`` or ``NotPersonal`` where it is
+# used (``topics.personal``).
 Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 Timestamp = AwareDatetime
 # Counts and versions are stored in PostgreSQL ``integer`` columns: a larger one is an invalid
