@@ -1,8 +1,8 @@
 """The conversation reducer: (event, state) -> decision. Pure: no I/O, no clock.
 
 Messages and summaries are redacted here (their personal fields, as the contract marks them),
-before they exist anywhere but the raw topic. A
-summary must cite messages the projection holds; one that cites an unknown message is refused.
+before they exist anywhere but the raw topic. A summary must cite messages the projection
+holds; one that cites an unknown message is refused.
 """
 
 from __future__ import annotations
