@@ -1,8 +1,9 @@
 """Masking credentials out of text and JSON values before anything is persisted. Pure.
 
-The raw topic is the only place the original text lives: the reducers redact every message,
-summary and memory value before it reaches PostgreSQL or any derived store, and count what
-they masked, by kind.
+The raw topic is the only place the original text lives: the reducers redact the personal
+fields of every event (``redact_personal``: those its contract model marks ``Personal``, such as
+a message's content, a summary's text, a memory's value and a revocation's reason) before they
+reach PostgreSQL or any derived store, and count what they masked, by kind.
 
 The scan is linear in the length of the text, whatever the text. It uses RE2 (``google-re2``),
 which never backtracks, and every pattern below is written so that no search can read far past
@@ -57,6 +58,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import re2
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from topics.envelope import Envelope
+from topics.personal import Shape, field_shapes, personal_fields
 
 Redactions = Counter[str]
 
@@ -640,3 +646,59 @@ def redact_value(value: Any, found: Redactions, field_name: str | None = None) -
     if isinstance(value, list):
         return [redact_value(item, found) for item in value]
     return value
+
+
+# ---- an event's personal fields, as their marks say -----------------------------------------
+
+
+def redact_personal(event: Envelope, found: Redactions) -> dict[str, Any]:
+    """Each personal field of ``event`` (``topics.personal``), as JSON, with every free text in
+    it redacted (``redact_value``) and what its model declares not personal (ids, enumerations,
+    numbers, times) kept as it is: a content block's type and ids stay, its text, tool input
+    and tool output are redacted. Empty when the event has no personal fields."""
+    spec = personal_fields(type(event))
+    if spec is None:
+        return {}
+    payload: BaseModel = event.payload
+    steps = _steps(type(payload))
+    return {name: steps[name](getattr(payload, name), found) for name in spec.names}
+
+
+# How one field is redacted: its value and the counts in, its JSON out.
+_Step = Callable[[Any, Redactions], Any]
+
+
+@functools.cache
+def _steps(model: type[BaseModel]) -> dict[str, _Step]:
+    """Per field of ``model``, how it is redacted: built once per model from its shapes."""
+    return {name: _step(shape, name) for name, shape in field_shapes(model).items()}
+
+
+def _step(shape: Shape, field_name: str) -> _Step:
+    if shape is Shape.KEPT:
+        return _kept
+    if shape is Shape.MODELS:
+        return _models
+
+    def free(value: Any, found: Redactions) -> Any:
+        if isinstance(value, tuple):
+            value = list(value)
+        return redact_value(value, found, field_name)
+
+    return free
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _kept(value: Any, found: Redactions) -> Any:
+    return value if type(value) in _JSON_SCALARS else to_jsonable_python(value)
+
+
+def _models(value: Any, found: Redactions) -> Any:
+    if isinstance(value, BaseModel):
+        steps = _steps(type(value))
+        return {name: step(getattr(value, name), found) for name, step in steps.items()}
+    if isinstance(value, list | tuple):
+        return [_models(item, found) for item in value]
+    return _kept(value, found)

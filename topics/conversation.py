@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from topics.envelope import Envelope, Identifier, StoredInt, Subject, Wire
+from topics.envelope import Envelope, Identifier, NotPersonal, Personal, StoredInt, Subject, Wire
 
 Role = Literal["user", "assistant"]
 
@@ -45,25 +45,31 @@ class ConversationStartedPayload(Wire):
     owner: Subject
     channel: Identifier
     retention_class: Identifier
-    provider_conversation_ref: Annotated[str, Field(max_length=512)] | None = None
+    provider_conversation_ref: (
+        Annotated[str, Field(max_length=512), NotPersonal("the provider's id of the conversation")]
+        | None
+    ) = None
 
 
 class MessageAddedPayload(Wire):
     conversation_id: Identifier
     message_id: Identifier
     role: Role
-    content: tuple[ContentBlock, ...]
+    # Everything in it is personal; the ids and types of its blocks stay as they are when it
+    # is redacted. An empty list stands in for content that can no longer be opened.
+    content: Annotated[tuple[ContentBlock, ...], Personal(placeholder=[])]
 
 
 class SummaryUpdatedPayload(Wire):
     conversation_id: Identifier
     summary_version: StoredInt = Field(ge=1)
-    text: Annotated[str, Field(min_length=1)]
+    text: Annotated[str, Field(min_length=1), Personal(placeholder="[unreadable]")]
     source_message_ids: tuple[Identifier, ...] = Field(min_length=1)
 
 
 class ConversationEvent(Envelope):
     entity_field: ClassVar[str] = "conversation_id"
+    entity_type: ClassVar[str] = "conversation"
 
     @property
     def conversation_id(self) -> str:

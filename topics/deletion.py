@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -13,6 +13,7 @@ from topics.envelope import (
     Envelope,
     Frozen,
     Identifier,
+    NotPersonal,
     StoredInt,
     Subject,
     Text,
@@ -49,12 +50,15 @@ class DeletionTarget(Wire):
 class DeletionRequestedPayload(Wire):
     deletion_id: Identifier
     target: DeletionTarget
-    reason: Text
+    # The deletion ledger's receipt of why: kept after the erasure it records, so not sealed
+    # under any key the erasure destroys (ops/decisions/personal-fields.md).
+    reason: Annotated[Text, NotPersonal("the deletion ledger's receipt, kept after the erasure")]
     deadline_at: Timestamp | None = None
 
 
 class DeletionRequested(Envelope):
     entity_field: ClassVar[str] = "deletion_id"
+    entity_type: ClassVar[str] = "deletion"
     event_type: Literal["deletion.requested"]
     payload: DeletionRequestedPayload
 

@@ -5,15 +5,51 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Protocol, Self, TypeVar, cast, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
+
+# Every string an event carries is personal, declared not personal, or an enumeration (a
+# ``Literal``); ``topics.personal`` reads these marks, and a test refuses an event type with a
+# string that is none of the three. Plain metadata: validation and the published schemas
+# (OpenAPI) are the same with or without them.
+@dataclass(frozen=True, eq=False, slots=True)
+class Personal:
+    """Marks a payload field (at the payload's top level) as personal: the sealer seals it
+    under its entity's data key, the reducers redact the free text in it before it is stored,
+    and the plaintext audit opens it as a sealed field.
+
+    ``placeholder``: what stands in for it once it can no longer be opened (crypto-shredded),
+    valid for the field: the event still decodes, and is never applied.
+    ``legacy_plaintext``: the sealer once wrote this field in plaintext; such an event on the
+    sealed log is read as it is (any other personal field in plaintext there is refused)."""
+
+    placeholder: Any
+    legacy_plaintext: bool = False
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class NotPersonal:
+    """Declares a string readable everywhere, and why: ids and references (pseudonymous: keep
+    personal data out of them) and the few texts kept on purpose, such as a deletion's
+    reason."""
+
+    why: str
+
+
+PSEUDONYMOUS_ID = NotPersonal("an id: pseudonymous, readable everywhere")
+
 IDENTIFIER_MAX_LENGTH = 128
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=IDENTIFIER_MAX_LENGTH)]
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=IDENTIFIER_MAX_LENGTH), PSEUDONYMOUS_ID
+]
 # References such as "conv_71/msg_993" join two identifiers, so they get more room.
-Reference = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+Reference = Annotated[str, StringConstraints(min_length=1, max_length=512), PSEUDONYMOUS_ID]
+# Free text: an event's field of this type is marked ``Personal`` or ``NotPersonal`` where it is
+# used (``topics.personal``).
 Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 Timestamp = AwareDatetime
 # Counts and versions are stored in PostgreSQL ``integer`` columns: a larger one is an invalid
@@ -124,8 +160,10 @@ class Envelope(Wire):
     actor: Actor
     payload: Any
 
-    # The payload field naming the entity the message key must point at.
+    # The payload field naming the entity the message key must point at, and the entity's
+    # type (whose data key seals the event's personal fields).
     entity_field: ClassVar[str]
+    entity_type: ClassVar[str]
     # False for an event whose personal fields could not be opened (crypto-shredded): it
     # keeps its identity for the erasure guard and idempotency, and must never be applied.
     # A class attribute of a marked subclass, not a pydantic private attribute: those are

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from topics.envelope import Envelope, Identifier, Source, Subject, Text, Timestamp, Wire
+from topics.envelope import (
+    Envelope,
+    Identifier,
+    Personal,
+    Source,
+    Subject,
+    Text,
+    Timestamp,
+    Wire,
+)
+
+# A memory's value: a JSON object from its producer, personal. ``{}`` stands in for a value
+# that can no longer be opened.
+Value = Annotated[dict[str, Any], Personal(placeholder={})]
 
 
 class MemoryProposedPayload(Wire):
@@ -14,7 +27,7 @@ class MemoryProposedPayload(Wire):
     subject: Subject
     scope: Identifier
     kind: Identifier
-    value: dict[str, Any]
+    value: Value
     source: Source
     observed_at: Timestamp
     expires_at: Timestamp | None = None
@@ -30,7 +43,7 @@ class MemoryVerifiedPayload(Wire):
 class MemoryCorrectedPayload(Wire):
     memory_id: Identifier
     expected_version: int = Field(ge=1)
-    value: dict[str, Any]
+    value: Value
     source: Source
     observed_at: Timestamp
     # Omitted keeps the memory's current expiry; an explicit null removes it (contract 1.1).
@@ -50,11 +63,14 @@ class MemoryCorrectedPayload(Wire):
 class MemoryRevokedPayload(Wire):
     memory_id: Identifier
     expected_version: int | None = Field(default=None, ge=1)
-    reason: Text
+    # Free text from its producer: personal until proven otherwise. The sealer wrote it in
+    # plaintext before it was sealed.
+    reason: Annotated[Text, Personal(placeholder="[unreadable]", legacy_plaintext=True)]
 
 
 class MemoryEvent(Envelope):
     entity_field: ClassVar[str] = "memory_id"
+    entity_type: ClassVar[str] = "memory"
 
     @property
     def memory_id(self) -> str:

@@ -68,6 +68,10 @@ class SchemaRegistry:
     def event_types(self) -> frozenset[str]:
         return frozenset(self._by_type)
 
+    def models(self) -> tuple[type[Envelope], ...]:
+        """The model of each event type, at its current version."""
+        return tuple(schema.model for schema in self._by_type.values())
+
     def current_version(self, event_type: str) -> int:
         return self._by_type[event_type].current_version
 

@@ -1,7 +1,8 @@
 """The conversation reducer: (event, state) -> decision. Pure: no I/O, no clock.
 
-Messages and summaries are redacted here, before they exist anywhere but the raw topic. A
-summary must cite messages the projection holds; one that cites an unknown message is refused.
+Messages and summaries are redacted here (their personal fields, as the contract marks them),
+before they exist anywhere but the raw topic. A summary must cite messages the projection
+holds; one that cites an unknown message is refused.
 """
 
 from __future__ import annotations
@@ -28,15 +29,12 @@ from projections.idempotency import (
     ProcessedEvent,
     Seen,
 )
-from projections.redaction import Redactions, redact_text, redact_value
+from projections.redaction import Redactions, redact_personal
 from topics.conversation import (
-    ContentBlock,
     ConversationEvent,
     ConversationStarted,
     MessageAdded,
     SummaryUpdated,
-    TextBlock,
-    ToolUseBlock,
 )
 from topics.envelope import Subject
 from topics.outputs import Rejection, RejectionReason
@@ -137,24 +135,6 @@ def _refuse(
     return Refused(Rejection.of(event, reason, details, subject))
 
 
-def redact_block(block: ContentBlock, found: Redactions) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": redact_text(block.text, found)}
-    if isinstance(block, ToolUseBlock):
-        return {
-            "type": "tool_use",
-            "id": block.id,
-            "name": block.name,
-            "input": redact_value(block.input, found),
-        }
-    return {
-        "type": "tool_result",
-        "tool_use_id": block.tool_use_id,
-        "content": redact_value(block.content, found),
-        "is_error": block.is_error,
-    }
-
-
 @singledispatch
 def evolve(
     event: ConversationEvent, record: ConversationRecord | None, known: AbstractSet[MessageKey]
@@ -200,7 +180,7 @@ def _message_added(
             record,
         )
     found: Redactions = Counter()
-    content = tuple(redact_block(block, found) for block in payload.content)
+    content = tuple(redact_personal(event, found)["content"])
     updated = replace(
         record,
         message_count=record.message_count + 1,
@@ -252,7 +232,7 @@ def _summary_updated(
             record,
         )
     found: Redactions = Counter()
-    text = redact_text(payload.text, found)
+    text = redact_personal(event, found)["text"]
     updated = replace(
         record,
         summary_version=payload.summary_version,

@@ -30,7 +30,7 @@ from projections.idempotency import (
     ProcessedEvent,
     Seen,
 )
-from projections.redaction import Redactions, redact_value
+from projections.redaction import Redactions, redact_personal
 from topics.memory import (
     MemoryCorrected,
     MemoryEvent,
@@ -280,16 +280,15 @@ def _erased_version(version: MemoryVersion) -> MemoryRecord:
 
 
 def _redacted(event: MemoryEvent, found: Redactions) -> MemoryEvent:
-    """The event with its value redacted as conversation content is: a memory value is stored
-    and indexed, and a credential in it must not be. The original event (and its hash, for
-    idempotency) is what arrived."""
-    if not isinstance(event, MemoryProposed | MemoryCorrected):
-        return event
+    """The event with its personal fields redacted (``redact_personal``) as conversation
+    content is: a memory's value is stored and indexed, a revocation's reason stored, and a
+    credential in either must not be. The original event (and its hash, for idempotency) is
+    what arrived."""
     before = found.total()
-    value = redact_value(event.payload.value, found)
+    fields = redact_personal(event, found)
     if found.total() == before:
         return event
-    payload = event.payload.model_copy(update={"value": value})
+    payload = event.payload.model_copy(update=fields)
     return event.model_copy(update={"payload": payload})
 
 

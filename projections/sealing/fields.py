@@ -1,4 +1,8 @@
-"""Which fields of which events are personal, and moving them in and out of the seal. Pure.
+"""Moving the personal fields of an event in and out of the seal. Pure.
+
+Which fields of which event types are personal, the entity whose key seals them, what stands
+in for them once they cannot be opened, and which value says where it was taken from: all
+read from the marks on the contract's models (``topics.personal``), never listed here.
 
 A sealed event is the validated event (already upcast to its current version) as given, the
 fields its producer omitted still omitted, with its personal fields removed from the payload
@@ -12,18 +16,19 @@ and it is dead-lettered as ``unreadable_seal``. Events sealed before format 2 ca
 they still open, with the event id alone as associated data, so only moving their ciphertext to
 another event is detected, not an edit of their other fields.
 
-Which keys seal an event (``sealing_keys``): the entity's data key, and for a memory value whose
-source points into a conversation (a proposal or a correction), that conversation's key too,
-combined (format 3). A memory's versions taken from different conversations are then each
-readable only while both their memory and their conversation are: erasing the conversation
-(or the subject who owns it) shreds its key, and every version taken from it closes, while the
-memory's other versions, and its own key, stay as they are. Format 2 events are sealed under
-the entity's key alone (every event of an entity with one key, and every event sealed before
-format 3).
+Which keys seal an event (``sealing_keys``): the entity's data key, and for personal fields
+whose event names a ``Source`` pointing into a conversation (a memory's proposal or correction:
+its value was taken from there), that conversation's key too, combined (format 3). A memory's
+versions taken from different conversations are then each readable only while both their
+memory and their conversation are: erasing the conversation (or the subject who owns it)
+shreds its key, and every version taken from it closes, while the memory's other versions, and
+its own key, stay as they are. Format 2 events are sealed under the entity's key alone (every
+event of an entity with one key, and every event sealed before format 3).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,37 +36,12 @@ import orjson
 
 from projections.sealing.crypto import Unreadable, derive_key, open_fields, seal_fields
 from topics.envelope import source_conversation
+from topics.personal import PERSONAL_EVENTS
 
 
 class Shredded(Unreadable):
     """The event's data key was destroyed by a deletion: its personal fields are gone."""
 
-
-# event type -> (entity type, personal payload fields)
-PERSONAL_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "memory.proposed": ("memory", ("value",)),
-    "memory.corrected": ("memory", ("value",)),
-    # A revocation's reason is free text from its producer: personal until proven otherwise.
-    "memory.revoked": ("memory", ("reason",)),
-    "conversation.message_added": ("conversation", ("content",)),
-    "conversation.summary_updated": ("conversation", ("text",)),
-}
-# Event types whose personal fields the sealer once wrote in plaintext: such an event on the
-# sealed log is read as it is (a revocation's reason was not sealed at first).
-PLAINTEXT_BEFORE: frozenset[str] = frozenset({"memory.revoked"})
-# Event types whose value may be taken from a conversation: sealed under the memory's key and
-# the key of the conversation its source points into (format 3).
-SOURCED_VALUES: frozenset[str] = frozenset({"memory.proposed", "memory.corrected"})
-ENTITY_FIELD = {"memory": "memory_id", "conversation": "conversation_id"}
-# What stands in for personal fields that can no longer be opened: enough for the event to
-# decode (its ids and times still matter), never applied.
-PLACEHOLDERS: dict[str, dict[str, Any]] = {
-    "memory.proposed": {"value": {}},
-    "memory.corrected": {"value": {}},
-    "memory.revoked": {"reason": "[unreadable]"},
-    "conversation.message_added": {"content": []},
-    "conversation.summary_updated": {"text": "[unreadable]"},
-}
 
 EntityRef = tuple[str, str, str]  # (tenant_id, entity type, entity id)
 
@@ -75,12 +55,12 @@ _SOURCED_PURPOSE = b"memproj/sealed-fields/memory-value-from-conversation/v3"
 
 def entity_of(event: dict[str, Any]) -> EntityRef | None:
     """The entity whose key seals this event, or None when it carries nothing personal."""
-    spec = PERSONAL_FIELDS.get(str(event.get("event_type")))
+    spec = PERSONAL_EVENTS.get(str(event.get("event_type")))
     if spec is None:
         return None
     payload = event.get("payload")
     tenant_id = event.get("tenant_id")
-    entity_id = payload.get(ENTITY_FIELD[spec[0]]) if isinstance(payload, dict) else None
+    entity_id = payload.get(spec.entity_field) if isinstance(payload, dict) else None
     if not (isinstance(tenant_id, str) and isinstance(entity_id, str)):
         return None  # not an event of the contract: decoding says why, as a dead letter
     return entity_of_event(event["event_type"], tenant_id, entity_id)
@@ -88,8 +68,15 @@ def entity_of(event: dict[str, Any]) -> EntityRef | None:
 
 def entity_of_event(event_type: str, tenant_id: str, entity_id: str) -> EntityRef | None:
     """``entity_of`` for a validated event, from its identity: no serialising needed."""
-    spec = PERSONAL_FIELDS.get(event_type)
-    return None if spec is None else (tenant_id, spec[0], entity_id)
+    spec = PERSONAL_EVENTS.get(event_type)
+    return None if spec is None else (tenant_id, spec.entity_type, entity_id)
+
+
+def source_field(event_type: str) -> str | None:
+    """The payload field (a ``Source``) saying where this event type's personal value was
+    taken from; None when it says nothing of it, or carries nothing personal."""
+    spec = PERSONAL_EVENTS.get(event_type)
+    return None if spec is None else spec.source_field
 
 
 def sealing_keys(event: dict[str, Any]) -> tuple[EntityRef, ...]:
@@ -99,8 +86,9 @@ def sealing_keys(event: dict[str, Any]) -> tuple[EntityRef, ...]:
     ref = entity_of(event)
     if ref is None:
         return ()
-    source = event["payload"].get("source")
-    if event["event_type"] not in SOURCED_VALUES or not isinstance(source, dict):
+    field = source_field(event["event_type"])
+    source = None if field is None else event["payload"].get(field)
+    if not isinstance(source, dict):
         return (ref,)
     source_type, source_ref = source.get("type"), source.get("ref")
     if not (isinstance(source_type, str) and isinstance(source_ref, str)):
@@ -114,7 +102,7 @@ def sealing_keys_of_event(
     ref: EntityRef, event_type: str, conversation_id: str | None
 ) -> tuple[EntityRef, ...]:
     """``sealing_keys`` from an event's identity and the conversation its source points into."""
-    if event_type not in SOURCED_VALUES or conversation_id is None:
+    if source_field(event_type) is None or conversation_id is None:
         return (ref,)
     return (ref, (ref[0], "conversation", conversation_id))
 
@@ -149,7 +137,7 @@ def seal(
     ref = refs[0]
     key_of = keys if callable(keys) else lambda _ref: keys
     data_key = combined_key(refs, key_of)
-    _, names = PERSONAL_FIELDS[event["event_type"]]
+    names = PERSONAL_EVENTS[event["event_type"]].names
     payload = dict(event["payload"])
     personal = {name: payload.pop(name) for name in names if name in payload}
     version = SEAL_FORMAT if len(refs) == 1 else SEAL_FORMAT_SOURCED
@@ -188,7 +176,7 @@ def seal_erased(event: dict[str, Any]) -> dict[str, Any]:
     ref = entity_of(event)
     if ref is None:
         return event
-    _, names = PERSONAL_FIELDS[event["event_type"]]
+    names = PERSONAL_EVENTS[event["event_type"]].names
     payload = {k: v for k, v in event["payload"].items() if k not in names}
     payload["sealed"] = {"entity": f"{ref[1]}:{ref[2]}", "erased": True}
     return {**event, "payload": payload}
@@ -205,10 +193,13 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     if not isinstance(payload, dict):
         return event  # decoding says why, as a dead letter
     event_type = str(event.get("event_type"))
-    personal = PERSONAL_FIELDS.get(event_type)
+    personal = PERSONAL_EVENTS.get(event_type)
     if "sealed" not in payload:
-        plaintext = personal is not None and any(name in payload for name in personal[1])
-        if plaintext and event_type not in PLAINTEXT_BEFORE:
+        # A field the sealer once wrote in plaintext is read as it is; any other is refused.
+        plaintext = personal is not None and any(
+            name in payload and name not in personal.legacy_plaintext for name in personal.names
+        )
+        if plaintext:
             raise Unreadable("personal fields in plaintext: not written by the sealer")
         return event
     if personal is None:
@@ -232,7 +223,7 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     if not isinstance(sealed.get("fields"), str):
         raise Unreadable("the sealed fields are not a string")
     opened = open_fields(data_key, sealed["fields"], _associated(event, sealed))
-    if not opened.keys() <= set(personal[1]):
+    if not opened.keys() <= set(personal.names):
         raise Unreadable("the sealed fields are not this event type's personal fields")
     payload = {k: v for k, v in payload.items() if k != "sealed"}
     payload.update(opened)
@@ -243,5 +234,7 @@ def with_placeholders(event: dict[str, Any]) -> dict[str, Any]:
     """The sealed event with placeholders for the fields that cannot be opened any more."""
     payload = dict(event["payload"])
     payload.pop("sealed", None)
-    payload.update(PLACEHOLDERS.get(str(event.get("event_type")), {}))
+    spec = PERSONAL_EVENTS.get(str(event.get("event_type")))
+    if spec is not None:
+        payload.update(copy.deepcopy(dict(spec.placeholders)))
     return {**event, "payload": payload}

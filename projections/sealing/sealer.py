@@ -30,6 +30,7 @@ from projections.sealing.fields import (
     seal,
     seal_erased,
     sealing_keys_of_event,
+    source_field,
     with_placeholders,
 )
 from projections.sealing.keys import KeyStore
@@ -228,7 +229,8 @@ def event_sealing_keys(event: Envelope) -> tuple[EntityRef, ...]:
     ref = entity_of_event(event.event_type, event.tenant_id, event.entity_id)
     if ref is None:
         return ()
-    source = getattr(event.payload, "source", None)
+    field = source_field(event.event_type)
+    source = None if field is None else getattr(event.payload, field)
     conversation = source.conversation_id if isinstance(source, Source) else None
     return sealing_keys_of_event(ref, event.event_type, conversation)
 

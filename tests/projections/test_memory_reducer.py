@@ -374,3 +374,17 @@ def test_memory_values_are_redacted_like_conversation_content() -> None:
     assert "[REDACTED:" in stored
     assert result.records[("t1", "m2")].value == {"text": "likes tea"}
     assert sum(result.redactions.values()) == 3
+
+
+def test_a_revocations_reason_is_redacted_before_it_is_stored() -> None:
+    # Free text from its producer, marked personal: redacted like a value, not only sealed.
+    f = EventFactory()
+    token = "ghp_" + "a1B2" * 9
+    result = reduce_batch(
+        decode(f.proposed("t1", "m1"), f.revoked("t1", "m1", f"leaked token {token}")), {}, {}
+    )
+    record = result.records[("t1", "m1")]
+    assert record.status == "revoked"
+    assert record.revoked_reason is not None and token not in record.revoked_reason
+    assert record.revoked_reason.startswith("leaked token [REDACTED:")
+    assert sum(result.redactions.values()) == 1

@@ -11,8 +11,19 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from projections.redaction import KINDS, field_kind, mask, redact_text, redact_value
+from projections.redaction import (
+    KINDS,
+    field_kind,
+    mask,
+    redact_personal,
+    redact_text,
+    redact_value,
+)
+from streams.sample import EventFactory, to_message
 from support.examples import examples
+from support.new_event_type import reviewed, schemas_with_reviews
+from topics.codec import EventCodec
+from topics.schemas import default_schemas
 
 PRIVATE_KEY = (
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7c3Qd0x\nqWQ8Zt1xT4N\n"
@@ -556,3 +567,20 @@ def test_a_masked_text_holds_none_of_the_secret(
     assert value not in masked
     assert found and set(found) <= KINDS
     assert all(mask(kind) in masked for kind in found)
+
+
+def test_a_new_event_types_personal_field_is_redacted_by_its_mark_alone() -> None:
+    codec = EventCodec(schemas_with_reviews(), frozenset({"memory.reviewed"}))
+    event = codec.decode(*to_message(reviewed("t1", "m1", f"pasted {JWT} by mistake")))
+    found: Counter[str] = Counter()
+    assert redact_personal(event, found) == {"note": "pasted [REDACTED:jwt] by mistake"}
+    assert found == {"jwt": 1}
+
+
+def test_ids_and_types_inside_personal_content_are_kept() -> None:
+    codec = EventCodec(default_schemas(), frozenset({"conversation.message_added"}))
+    block = {"type": "tool_use", "id": "ghp_" + "a1B2" * 9, "name": "x", "input": {"q": JWT}}
+    raw = EventFactory().message("t1", "c1", "m1", "assistant", [block])
+    found: Counter[str] = Counter()
+    (redacted,) = redact_personal(codec.decode(*to_message(raw)), found)["content"]
+    assert redacted == {**block, "input": {"q": "[REDACTED:jwt]"}}  # the id is an Identifier

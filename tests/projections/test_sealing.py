@@ -29,13 +29,16 @@ from projections.sealing.fields import (
     seal,
     seal_erased,
     unseal,
+    with_placeholders,
 )
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, event_sealing_keys
 from streams.sample import EventFactory, to_message
+from support.new_event_type import register_reviews, reviewed, schemas_with_reviews
 from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
 from topics.outputs import DeadLetterReason
+from topics.personal import PERSONAL_EVENTS
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicNames
 from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
@@ -312,3 +315,52 @@ def test_the_sealer_refuses_an_event_on_the_other_input_topic() -> None:
     with pytest.raises(InvalidMessage) as raised:
         sealer.codec.decode(*message, topics.name(CONVERSATION_EVENTS))
     assert raised.value.code == DeadLetterReason.UNKNOWN_EVENT_TYPE
+
+
+def _personal_event_samples() -> dict[str, dict[str, Any]]:
+    f = EventFactory()
+    return {
+        "memory.proposed": f.proposed("t1", "m1", value={"text": "secret"}),
+        "memory.corrected": f.corrected("t1", "m1", 1, {"text": "secret"}),
+        "memory.revoked": f.revoked("t1", "m1", "secret"),
+        "conversation.message_added": f.message("t1", "c1", "x", "user", "secret"),
+        "conversation.summary_updated": f.summary("t1", "c1", 1, "secret", ["x"]),
+    }
+
+
+def test_every_personal_field_is_sealed_and_its_placeholder_decodes() -> None:
+    # Every event type the contract marks, the revocation's reason included; a shredded event
+    # decodes with its placeholders (never applied), whatever the field's constraints.
+    schemas = default_schemas()
+    codec = EventCodec(schemas, schemas.event_types())
+    key = new_data_key()
+    samples = _personal_event_samples()
+    assert samples.keys() == PERSONAL_EVENTS.keys()
+    for event_type, raw in samples.items():
+        sealed = seal(raw, key)
+        assert b"secret" not in orjson.dumps(sealed), event_type
+        assert unseal(sealed, lambda ref: key) == raw
+        placeholders = with_placeholders(sealed)
+        assert b"secret" not in orjson.dumps(placeholders)
+        decoded = codec.decode(*to_message(placeholders))
+        assert decoded.event_type == event_type
+
+
+def test_a_new_event_types_marked_field_is_sealed_with_nothing_else_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    register_reviews(monkeypatch)
+    raw = reviewed("t1", "m1", "the customer's home address")
+    key = new_data_key()
+    assert entity_of(raw) == ("t1", "memory", "m1")
+    sealed = seal(raw, key)
+    assert "note" not in sealed["payload"] and b"home address" not in orjson.dumps(sealed)
+    assert sealed["payload"]["sealed"]["entity"] == "memory:m1"
+    assert unseal(sealed, lambda ref: key) == raw
+    with pytest.raises(Shredded):
+        unseal(sealed, lambda ref: None)
+    with pytest.raises(Unreadable):  # in plaintext on the sealed log: not the sealer's
+        unseal(raw, lambda ref: key)
+    codec = EventCodec(schemas_with_reviews(), frozenset({"memory.reviewed"}))
+    shredded = codec.decode(*to_message(with_placeholders(sealed)))
+    assert shredded.payload.note == "[unreadable]"

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from confluent_kafka import Producer
 from redis import Redis
 
 from projections.embeddings.vectors import VectorEntry
-from projections.sealing.crypto import parse_master_key
+from projections.sealing.crypto import new_data_key, parse_master_key
 from projections.sealing.fields import EntityRef, seal, sealing_keys
 from projections.sealing.keys import KeyStore, shred
+from streams.audit.openers import OpenerContext, SealedEventOpener
 from streams.audit.plaintext import (
     Hit,
     Matcher,
@@ -39,6 +41,7 @@ from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
 from support.embedders import vectors_of
+from support.new_event_type import register_reviews, reviewed
 from topics.registry import (
     CONVERSATION_REJECTIONS,
     DELETION_ACKS,
@@ -112,6 +115,50 @@ def test_the_exit_status() -> None:
     assert report.exit_status() == 1
     report.error("topic x", "down")
     assert report.exit_status() == 2
+
+
+class _LiveKeys:
+    """The key store's read: ``key`` for every entity while the keys live, none once shredded."""
+
+    def __init__(self, key: bytes | None) -> None:
+        self._key = key
+
+    async def keys(self, conn: object, refs: Iterable[EntityRef]) -> dict[EntityRef, bytes]:
+        return {} if self._key is None else dict.fromkeys(refs, self._key)
+
+
+def test_every_field_the_contract_marks_personal_is_opened_while_its_key_lives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The audit opens what the sealer's table seals, and that table is the marks: a new event
+    # type's marked field (memory.reviewed's note) is covered with no change to the audit.
+    register_reviews(monkeypatch)
+    marker = "mk-personal-field"
+    f = EventFactory()
+    events = [
+        f.proposed("acme", "m1", value={"note": marker}),
+        f.corrected("acme", "m1", 1, {"note": marker}),
+        f.revoked("acme", "m1", f"{marker} asked"),
+        f.message("acme", "c1", "x1", "user", f"{marker} said"),
+        f.summary("acme", "c1", 1, f"{marker} summed up", ["x1"]),
+        reviewed("acme", "m1", f"{marker} noted"),
+    ]
+    key = new_data_key()
+    records = [
+        TopicRecord("t.sealed", 0, offset, 1000, None, orjson.dumps(seal(event, key)))
+        for offset, event in enumerate(events)
+    ]
+    matcher = Matcher.of(marker)
+    assert not any(matcher.in_blob(record.value) for record in records)
+    for live_key, readable in ((key, True), (None, False)):
+        context = OpenerContext(None, _LiveKeys(live_key), None)  # type: ignore[arg-type]
+        opener = SealedEventOpener(context)
+        asyncio.run(opener.prepare(records))
+        found = [
+            record_parts(matcher, record, [(opener.name, opener.open(record))])
+            for record in records
+        ]
+        assert found == [["opened:sealed_fields"] if readable else []] * len(events)
 
 
 # -- against the real stack ----------------------------------------------------------------

@@ -7,7 +7,11 @@ from __future__ import annotations
 from enum import StrEnum
 
 from support.hostile.json_surgery import Path
+from topics.conversation import CONVERSATION_EVENT_TYPES
+from topics.deletion import DELETION_EVENT_TYPES
+from topics.memory import MEMORY_EVENT_TYPES
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
+from topics.schemas import default_schemas
 
 
 class Kind(StrEnum):
@@ -131,19 +135,12 @@ PAYLOADS: dict[str, dict[Path, Kind]] = {
         ("payload", "deadline_at"): Kind.TS_OPT,
     },
 }
+# Each input topic's event types, from the contract's models: a new event type is in the
+# corpus at once, and ``PAYLOADS`` must say what its fields accept (a KeyError otherwise).
 EVENT_TYPES = {
-    MEMORY_EVENTS.base_name: (
-        "memory.proposed",
-        "memory.verified",
-        "memory.corrected",
-        "memory.revoked",
-    ),
-    CONVERSATION_EVENTS.base_name: (
-        "conversation.started",
-        "conversation.message_added",
-        "conversation.summary_updated",
-    ),
-    DELETION_REQUESTS.base_name: ("deletion.requested",),
+    MEMORY_EVENTS.base_name: tuple(m.declared_event_type() for m in MEMORY_EVENT_TYPES),
+    CONVERSATION_EVENTS.base_name: tuple(m.declared_event_type() for m in CONVERSATION_EVENT_TYPES),
+    DELETION_REQUESTS.base_name: tuple(m.declared_event_type() for m in DELETION_EVENT_TYPES),
 }
 ALL_EVENT_TYPES = frozenset(t for types in EVENT_TYPES.values() for t in types)
 PROJECTION_OF = {
@@ -156,8 +153,7 @@ MAX_NESTING = 64
 
 
 def entity_field(event_type: str) -> str:
-    if event_type.startswith("memory."):
-        return "memory_id"
-    if event_type.startswith("conversation."):
-        return "conversation_id"
-    return "deletion_id"
+    return _MODELS[event_type].entity_field
+
+
+_MODELS = {model.declared_event_type(): model for model in default_schemas().models()}

@@ -11,11 +11,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from streams.sample import RawEvent, key_of
-from support.hostile.contract import ENVELOPE, EVENT_TYPES, MAX_NESTING, entity_field
+from support.hostile.contract import ENVELOPE, EVENT_TYPES, MAX_NESTING
 from support.hostile.json_surgery import nested, raw_at, set_at
 from support.hostile.making import Round, planned_event
 from support.hostile.plan import Expect, Planned
 from support.hostile.values import GARBAGE, wrong_values
+from topics.personal import PERSONAL_EVENTS
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_SEALED,
@@ -24,26 +25,21 @@ from topics.registry import (
     TopicSpec,
 )
 
-# The personal fields of each event type that has any: what the sealer seals.
-PERSONAL_FIELDS = {
-    "memory.proposed": ("value",),
-    "memory.corrected": ("value",),
-    "conversation.message_added": ("content",),
-    "conversation.summary_updated": ("text",),
-}
-
 
 def sealed_event(event: RawEvent, sealed: Any) -> RawEvent:
-    """``event`` as the sealed log carries it, its personal fields replaced by ``sealed``."""
-    personal = PERSONAL_FIELDS.get(event["event_type"], ())
+    """``event`` as the sealed log carries it, its personal fields (as the contract marks
+    them) replaced by ``sealed``."""
+    spec = PERSONAL_EVENTS.get(event["event_type"])
+    personal = () if spec is None else spec.names
     payload = {k: v for k, v in event["payload"].items() if k not in personal}
     payload["sealed"] = sealed
     return {**event, "payload": payload}
 
 
-def seal_name(topic: str, event: RawEvent) -> str:
-    entity_type = "memory" if topic.startswith("memory") else "conversation"
-    return f"{entity_type}:{event['payload'][entity_field(event['event_type'])]}"
+def seal_name(event: RawEvent) -> str:
+    """The ``entity`` a seal of ``event`` names: its entity type and id."""
+    spec = PERSONAL_EVENTS[event["event_type"]]
+    return f"{spec.entity_type}:{event['payload'][spec.entity_field]}"
 
 
 _FIELDS: st.SearchStrategy[Any] = st.one_of(
@@ -54,12 +50,12 @@ _FIELDS: st.SearchStrategy[Any] = st.one_of(
 
 def forged_sealed(r: Round, spec: TopicSpec) -> None:
     topic = SEALED_RAW[spec.base_name]
-    personal_types = [t for t in EVENT_TYPES[topic] if t in PERSONAL_FIELDS]
+    personal_types = [t for t in EVENT_TYPES[topic] if t in PERSONAL_EVENTS]
     for _ in range(2):
         event_type = r.draw(st.sampled_from(personal_types))
         tenant, entity = r.tenant_entity(topic)
         event = r.maker.template(event_type, tenant, entity)
-        name = seal_name(topic, event)
+        name = seal_name(event)
         # Sealed fields that are not an object: refused whatever the keys.
         sealed = r.draw(st.sampled_from(["sealed", [], None, 5, True]))
         r.add(
@@ -152,7 +148,7 @@ def forged_sealed(r: Round, spec: TopicSpec) -> None:
         tenant, entity = r.draw(st.sampled_from(real))
         event_type = r.draw(st.sampled_from(personal_types))
         event = r.maker.template(event_type, tenant, entity)
-        sealed = {"entity": seal_name(topic, event), "fields": r.draw(_FIELDS)}
+        sealed = {"entity": seal_name(event), "fields": r.draw(_FIELDS)}
         r.add(
             replace(
                 planned_event(
@@ -172,7 +168,7 @@ def forged_sealed(r: Round, spec: TopicSpec) -> None:
     r.add(
         planned_event(
             spec,
-            sealed_event(event, {"entity": seal_name(topic, event), "erased": True}),
+            sealed_event(event, {"entity": seal_name(event), "erased": True}),
             Expect.EITHER,
             f"forged_erased:{event_type}",
             template=event,
