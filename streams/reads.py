@@ -7,6 +7,11 @@ from the projection and checked against the erasure index; anything deleted, rev
 superseded, expired or of another tenant is dropped, and each drop is counted per store in
 ``memproj_ghost_reads_blocked_total``. Reads that fill the cache hold the shared tenant lock,
 so a deletion cannot slip between reading the projection and writing the cache.
+
+A paused subject (``projections.access.pauses``) is served by none of them: each asks the
+pause table first, in the transaction it reads with, and raises ``SubjectPaused`` before it
+touches the cache, the vector store or the projection (a cached answer is never served while
+the subject is paused, and none is filled).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from projections.access.pauses import check_serving
 from projections.bookkeeping import Conn
 from projections.cache.store import RecallCache
 from projections.conversation import store as conversation_store
@@ -137,6 +143,7 @@ CANDIDATES_PER_RESULT = 4
 async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: datetime) -> Hydrated:
     """Eligible memories about one subject, through the cache."""
     subject = (query.subject_type, query.subject_id)
+    await check_serving(conn, query.tenant_id, *subject)
     key = _query_key(query, None)
     cached = await cache.get_recall(query.tenant_id, subject, key)
     if cached is not None:
@@ -170,6 +177,7 @@ async def recall_by_text(
     only; the candidates are hydrated in rank order, as many at a time as answers are still
     missing, so a read hydrates what it returns plus what the guard or the filters drop on
     the way, not every candidate."""
+    await check_serving(conn, query.tenant_id, query.subject_type, query.subject_id)
     check_embedder(vectors, embedder.name)
     (vector,) = await asyncio.to_thread(embedder.embed, [text])
     ranked = await asyncio.to_thread(
@@ -212,11 +220,15 @@ async def context_view(
     conn: Conn, cache: RecallCache, tenant_id: str, conversation_id: str
 ) -> dict[str, Any] | None:
     """The context view, through the cache; a cached view of a conversation that is gone is
-    a ghost, dropped and counted."""
+    a ghost, dropped and counted. ``SubjectPaused`` if the conversation's owner is paused."""
     cached = await cache.get_context(tenant_id, conversation_id)
     async with conn.transaction():
         await deletion_store.lock_tenants(conn, [tenant_id], exclusive=False)
         view = await conversation_store.load_context(conn, tenant_id, conversation_id)
+        shown = view if view is not None else cached
+        if shown is not None:
+            owner_type, owner_id = shown["owner"]
+            await check_serving(conn, tenant_id, owner_type, owner_id)
         if view is not None and not await conversation_store.conversation_exists(
             conn, tenant_id, conversation_id
         ):

@@ -1,9 +1,9 @@
 """One audited read: the purpose checked against the key, its policy loaded, the read run
 under it, and the decision recorded (``projections.access.audit``), refused or not.
 
-A refusal (403) is recorded as ``denied`` before it is answered; an answered read as
-``allowed`` with the ids it returned and those it filtered (the guard's drops, and hydrated
-candidates outside the request's filters). Ids only, never content.
+A refusal (403, or 423 for a paused subject) is recorded as ``denied`` before it is answered;
+an answered read as ``allowed`` with the ids it returned and those it filtered (the guard's
+drops, and hydrated candidates outside the request's filters). Ids only, never content.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from projections.access import audit
+from projections.access.pauses import SubjectPaused
 from projections.access.policy import DENIED, PolicyRefusal, PurposePolicy, ReadDecision
 from projections.bookkeeping import Conn
 from streams.api.auth import Principal, policy_of
@@ -66,6 +67,9 @@ async def audited_read(
         except PolicyRefusal as refusal:
             await record(conn, DENIED)
             raise ApiError(403, refusal.code, refusal.message) from None
+        except SubjectPaused as paused:
+            await record(conn, DENIED)
+            raise ApiError(423, paused.code, paused.message) from None
         except ApiError as error:
             if error.status == 404:
                 await record(conn, ReadDecision("allowed"))
