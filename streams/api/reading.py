@@ -55,6 +55,12 @@ async def audited_read(
         async with conn.transaction():
             await audit.record(conn, entry)
 
+    async def record_refusal(conn: Conn) -> None:
+        # A refusal after the read's first query leaves its implicit transaction open, which
+        # the pool rolls back as the error leaves the block: the record commits on its own.
+        await conn.rollback()
+        await record(conn, DENIED)
+
     try:
         policy = await policy_of(services, principal, purpose)
     except ApiError:
@@ -65,10 +71,10 @@ async def audited_read(
         try:
             answer, decision = await read(conn, policy)
         except PolicyRefusal as refusal:
-            await record(conn, DENIED)
+            await record_refusal(conn)
             raise ApiError(403, refusal.code, refusal.message) from None
         except SubjectPaused as paused:
-            await record(conn, DENIED)
+            await record_refusal(conn)
             raise ApiError(423, paused.code, paused.message) from None
         except ApiError as error:
             if error.status == 404:
