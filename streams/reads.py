@@ -9,9 +9,9 @@ superseded, expired or of another tenant is dropped, and each drop is counted pe
 so a deletion cannot slip between reading the projection and writing the cache.
 
 A paused subject (``projections.access.pauses``) is served by none of them: each asks the
-pause table first, in the transaction it reads with, and raises ``SubjectPaused`` before it
-touches the cache, the vector store or the projection (a cached answer is never served while
-the subject is paused, and none is filled).
+pause table first in the transaction it reads the projection with, and raises
+``SubjectPaused`` before it hydrates or serves anything (a cached answer or ranked candidates
+are never served while the subject is paused, and no cache entry is filled).
 """
 
 from __future__ import annotations
@@ -143,16 +143,17 @@ CANDIDATES_PER_RESULT = 4
 async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: datetime) -> Hydrated:
     """Eligible memories about one subject, through the cache."""
     subject = (query.subject_type, query.subject_id)
-    await check_serving(conn, query.tenant_id, *subject)
     key = _query_key(query, None)
     cached = await cache.get_recall(query.tenant_id, subject, key)
     if cached is not None:
         candidates = [(r["memory_id"], r.get("version")) for r in cached]
         async with conn.transaction():
+            await check_serving(conn, query.tenant_id, *subject)
             kept, dropped, dropped_ids = await hydrate(conn, query.tenant_id, candidates, now)
             await _count_blocked(conn, "cache", dropped)
         return Hydrated(kept, {"cache": dropped} if dropped else {}, dropped_ids)
     async with conn.transaction():
+        await check_serving(conn, query.tenant_id, *subject)
         await deletion_store.lock_tenants(conn, [query.tenant_id], exclusive=False)
         records = await memory_store.recall(conn, query, now)
         await cache.put_recall(
@@ -177,7 +178,6 @@ async def recall_by_text(
     only; the candidates are hydrated in rank order, as many at a time as answers are still
     missing, so a read hydrates what it returns plus what the guard or the filters drop on
     the way, not every candidate."""
-    await check_serving(conn, query.tenant_id, query.subject_type, query.subject_id)
     check_embedder(vectors, embedder.name)
     (vector,) = await asyncio.to_thread(embedder.embed, [text])
     ranked = await asyncio.to_thread(
@@ -201,6 +201,7 @@ async def recall_by_text(
     dropped: Counter[str] = Counter({"other_tenant": foreign} if foreign else {})
     dropped_ids: list[str] = []
     async with conn.transaction():
+        await check_serving(conn, query.tenant_id, query.subject_type, query.subject_id)
         position = 0
         while len(wanted) < query.limit and position < len(candidates):
             batch = candidates[position : position + query.limit - len(wanted)]
