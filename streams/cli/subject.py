@@ -3,7 +3,10 @@ list the pauses and their log (``projections.access.pauses``)."""
 
 from __future__ import annotations
 
+import functools
 import getpass
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,21 +18,52 @@ from streams.cli.common import echo_json, settings_of, with_migrated
 from streams.cli.memory import subject_of, subject_options
 
 
-def _operator_option(function: Any) -> Any:
-    return click.option(
+@dataclass(frozen=True, slots=True)
+class Acting:
+    """Who pauses or resumes which subject of which tenant, and why."""
+
+    tenant: str
+    subject: tuple[str, str]
+    operator: str
+    reason: str
+
+    @property
+    def named(self) -> str:
+        return f"{self.subject[0]}:{self.subject[1]} of tenant {self.tenant}"
+
+
+def acting_on_subject(command: Callable[[click.Context, Acting], None]) -> Any:
+    """The options of a pause or resume (the tenant, the subject, the reason, the operator),
+    handed to ``command`` as one ``Acting``."""
+
+    @click.option("--tenant", required=True)
+    @subject_options
+    @click.option(
+        "--reason",
+        required=True,
+        help="why, for the log (credentials are masked; erased with the subject)",
+    )
+    @click.option(
         "--operator",
         default=getpass.getuser,
         show_default="the OS user",
         help="who acts, as the log records it",
-    )(function)
+    )
+    @click.pass_context
+    @functools.wraps(command)
+    def run(
+        ctx: click.Context,
+        tenant: str,
+        subject: str | None,
+        subject_type: str | None,
+        subject_id: str | None,
+        reason: str,
+        operator: str,
+    ) -> None:
+        who = subject_of(subject, subject_type, subject_id)
+        command(ctx, Acting(tenant, who, operator, reason))
 
-
-def _reason_option(function: Any) -> Any:
-    return click.option(
-        "--reason",
-        required=True,
-        help="why, for the log (credentials are masked; erased with the subject)",
-    )(function)
+    return run
 
 
 def _pause_json(pause: pauses.Pause) -> dict[str, Any]:
@@ -63,57 +97,36 @@ def subject() -> None:
 
 
 @subject.command("pause")
-@click.option("--tenant", required=True)
-@subject_options
-@_reason_option
-@_operator_option
-@click.pass_context
-def subject_pause(
-    ctx: click.Context,
-    tenant: str,
-    subject: str | None,
-    subject_type: str | None,
-    subject_id: str | None,
-    reason: str,
-    operator: str,
-) -> None:
+@acting_on_subject
+def subject_pause(ctx: click.Context, acting: Acting) -> None:
     """Stop serving a subject (logged). A subject paused already stays paused as it was."""
-    who = subject_of(subject, subject_type, subject_id)
 
     async def work(conn: Conn) -> pauses.Pause | None:
-        return await pauses.pause(conn, tenant, who, operator, reason, datetime.now(UTC))
+        now = datetime.now(UTC)
+        return await pauses.pause(
+            conn, acting.tenant, acting.subject, acting.operator, acting.reason, now
+        )
 
-    paused = with_migrated(settings_of(ctx), work)
-    if paused is None:
-        click.echo(f"{who[0]}:{who[1]} of tenant {tenant} was paused already (nothing changed)")
+    if with_migrated(settings_of(ctx), work) is None:
+        click.echo(f"{acting.named} was paused already (nothing changed)")
     else:
-        click.echo(f"paused {who[0]}:{who[1]} of tenant {tenant}: no read path serves it")
+        click.echo(f"paused {acting.named}: no read path serves it")
 
 
 @subject.command("resume")
-@click.option("--tenant", required=True)
-@subject_options
-@_reason_option
-@_operator_option
-@click.pass_context
-def subject_resume(
-    ctx: click.Context,
-    tenant: str,
-    subject: str | None,
-    subject_type: str | None,
-    subject_id: str | None,
-    reason: str,
-    operator: str,
-) -> None:
+@acting_on_subject
+def subject_resume(ctx: click.Context, acting: Acting) -> None:
     """Serve a paused subject again (logged), with every event applied while it was paused."""
-    who = subject_of(subject, subject_type, subject_id)
 
     async def work(conn: Conn) -> bool:
-        return await pauses.resume(conn, tenant, who, operator, reason, datetime.now(UTC))
+        now = datetime.now(UTC)
+        return await pauses.resume(
+            conn, acting.tenant, acting.subject, acting.operator, acting.reason, now
+        )
 
     if not with_migrated(settings_of(ctx), work):
-        raise click.ClickException(f"{who[0]}:{who[1]} of tenant {tenant} is not paused")
-    click.echo(f"resumed {who[0]}:{who[1]} of tenant {tenant}: served again")
+        raise click.ClickException(f"{acting.named} is not paused")
+    click.echo(f"resumed {acting.named}: served again")
 
 
 @subject.command("list")
