@@ -7,6 +7,11 @@ from the projection and checked against the erasure index; anything deleted, rev
 superseded, expired or of another tenant is dropped, and each drop is counted per store in
 ``memproj_ghost_reads_blocked_total``. Reads that fill the cache hold the shared tenant lock,
 so a deletion cannot slip between reading the projection and writing the cache.
+
+A paused subject (``projections.access.pauses``) is served by none of them: each asks the
+pause table first in the transaction it reads the projection with, and raises
+``SubjectPaused`` before it hydrates or serves anything (a cached answer or ranked candidates
+are never served while the subject is paused, and no cache entry is filled).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from projections.access.pauses import check_serving
 from projections.bookkeeping import Conn
 from projections.cache.store import RecallCache
 from projections.conversation import store as conversation_store
@@ -142,10 +148,12 @@ async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: dateti
     if cached is not None:
         candidates = [(r["memory_id"], r.get("version")) for r in cached]
         async with conn.transaction():
+            await check_serving(conn, query.tenant_id, *subject)
             kept, dropped, dropped_ids = await hydrate(conn, query.tenant_id, candidates, now)
             await _count_blocked(conn, "cache", dropped)
         return Hydrated(kept, {"cache": dropped} if dropped else {}, dropped_ids)
     async with conn.transaction():
+        await check_serving(conn, query.tenant_id, *subject)
         await deletion_store.lock_tenants(conn, [query.tenant_id], exclusive=False)
         records = await memory_store.recall(conn, query, now)
         await cache.put_recall(
@@ -193,6 +201,7 @@ async def recall_by_text(
     dropped: Counter[str] = Counter({"other_tenant": foreign} if foreign else {})
     dropped_ids: list[str] = []
     async with conn.transaction():
+        await check_serving(conn, query.tenant_id, query.subject_type, query.subject_id)
         position = 0
         while len(wanted) < query.limit and position < len(candidates):
             batch = candidates[position : position + query.limit - len(wanted)]
@@ -212,11 +221,15 @@ async def context_view(
     conn: Conn, cache: RecallCache, tenant_id: str, conversation_id: str
 ) -> dict[str, Any] | None:
     """The context view, through the cache; a cached view of a conversation that is gone is
-    a ghost, dropped and counted."""
+    a ghost, dropped and counted. ``SubjectPaused`` if the conversation's owner is paused."""
     cached = await cache.get_context(tenant_id, conversation_id)
     async with conn.transaction():
         await deletion_store.lock_tenants(conn, [tenant_id], exclusive=False)
         view = await conversation_store.load_context(conn, tenant_id, conversation_id)
+        shown = view if view is not None else cached
+        if shown is not None:
+            owner_type, owner_id = shown["owner"]
+            await check_serving(conn, tenant_id, owner_type, owner_id)
         if view is not None and not await conversation_store.conversation_exists(
             conn, tenant_id, conversation_id
         ):

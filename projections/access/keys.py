@@ -19,6 +19,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from projections.access.policy import WriteBounds
 from projections.bookkeeping import Conn
 
 PREFIX = "mpk"
@@ -45,6 +46,8 @@ class ApiKey:
     purposes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
+    # None: unbounded (any kind and scope), as every key was before bounds existed.
+    write_bounds: WriteBounds | None = None
 
     @property
     def revoked(self) -> bool:
@@ -79,6 +82,12 @@ def new_token() -> tuple[str, str, str]:
     return f"{PREFIX}_{key_id}_{secret}", key_id, secret
 
 
+def _bounds_from_row(row: dict[str, Any]) -> WriteBounds | None:
+    if row["write_kinds"] is None or row["write_scopes"] is None:
+        return None
+    return WriteBounds(frozenset(row["write_kinds"]), frozenset(row["write_scopes"]))
+
+
 def _key_from_row(row: dict[str, Any]) -> ApiKey:
     return ApiKey(
         key_id=row["key_id"],
@@ -87,23 +96,46 @@ def _key_from_row(row: dict[str, Any]) -> ApiKey:
         purposes=tuple(row["purposes"]),
         created_at=row["created_at"],
         revoked_at=row["revoked_at"],
+        write_bounds=_bounds_from_row(row),
     )
 
 
-_COLUMNS = "key_id, tenant_id, actor, purposes, created_at, revoked_at"
+_COLUMNS = "key_id, tenant_id, actor, purposes, created_at, revoked_at, write_kinds, write_scopes"
+
+
+def _bound_columns(bounds: WriteBounds | None) -> tuple[list[str] | None, list[str] | None]:
+    if bounds is None:
+        return None, None
+    return sorted(bounds.kinds), sorted(bounds.scopes)
 
 
 async def create_key(
-    conn: Conn, tenant_id: str, actor: str, purposes: Sequence[str], now: datetime
+    conn: Conn,
+    tenant_id: str,
+    actor: str,
+    purposes: Sequence[str],
+    now: datetime,
+    write_bounds: WriteBounds | None = None,
 ) -> CreatedKey:
     if not purposes:
         raise ValueError("a key needs at least one purpose")
     token, key_id, secret = new_token()
+    kinds, scopes = _bound_columns(write_bounds)
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            "INSERT INTO api_keys (key_id, tenant_id, actor, purposes, secret_sha256, created_at)"
-            f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_COLUMNS}",
-            (key_id, tenant_id, actor, list(dict.fromkeys(purposes)), secret_digest(secret), now),
+            "INSERT INTO api_keys (key_id, tenant_id, actor, purposes, secret_sha256, created_at,"
+            " write_kinds, write_scopes) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            f" RETURNING {_COLUMNS}",
+            (
+                key_id,
+                tenant_id,
+                actor,
+                list(dict.fromkeys(purposes)),
+                secret_digest(secret),
+                now,
+                kinds,
+                scopes,
+            ),
         )
         row = await cursor.fetchone()
     assert row is not None
@@ -148,6 +180,20 @@ async def revoke_key(conn: Conn, key_id: str, now: datetime) -> ApiKey | None:
             "UPDATE api_keys SET revoked_at = coalesce(revoked_at, %s) WHERE key_id = %s"
             f" RETURNING {_COLUMNS}",
             (now, key_id),
+        )
+        row = await cursor.fetchone()
+    return _key_from_row(row) if row is not None else None
+
+
+async def bound_key(conn: Conn, key_id: str, write_bounds: WriteBounds | None) -> ApiKey | None:
+    """Set (or, with None, lift) a key's write bounds, from its next request on; None: no
+    such key."""
+    kinds, scopes = _bound_columns(write_bounds)
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "UPDATE api_keys SET write_kinds = %s, write_scopes = %s WHERE key_id = %s"
+            f" RETURNING {_COLUMNS}",
+            (kinds, scopes, key_id),
         )
         row = await cursor.fetchone()
     return _key_from_row(row) if row is not None else None

@@ -39,6 +39,25 @@ class PurposePolicy:
         return _admits(self.kinds, kind) and _admits(self.scopes, scope)
 
 
+@dataclass(frozen=True, slots=True)
+class WriteBounds:
+    """What an API key's ``propose`` purpose may write: memories of these kinds and scopes
+    ('*' in either: any). A key without bounds (None) writes any, as every key did before
+    bounds existed."""
+
+    kinds: frozenset[str]
+    scopes: frozenset[str]
+
+    def writes_kind(self, kind: str) -> bool:
+        return _admits(self.kinds, kind)
+
+    def writes_scope(self, scope: str) -> bool:
+        return _admits(self.scopes, scope)
+
+    def may_write(self, kind: str, scope: str) -> bool:
+        return self.writes_kind(kind) and self.writes_scope(scope)
+
+
 def _admits(allowed: frozenset[str], value: str) -> bool:
     return WILDCARD in allowed or value in allowed
 

@@ -9,6 +9,13 @@ is the event actor ``{"type": "agent", "id": "support-bot"}``), so that an agent
 write into another tenant nor pass its event off as another actor's. Reads are governed by
 ``policy``: a write purpose reads nothing unless the tenant gives it a policy row too.
 
+Write bounds (``WriteBounds``, per key): a key's ``propose`` purpose writes memories of the
+kinds and scopes its bounds name, and no others (``judge_memory_write``): a ``memory.proposed``
+outside them is refused, and so is a verification, correction or revocation of a memory the
+projection holds with a kind or scope outside them, or does not hold at all (a bounded key
+learns nothing of a memory it may not write, not even that it exists). Conversation events
+and deletion requests are not bounded by them. A key without bounds writes any kind and scope.
+
 Accepted once: the API records ``(tenant_id, event_id)`` in the same transaction that waits
 for the broker's delivery of the event (``streams.api.routes.proposals``), so that an
 accepted (202) proposal is always in Kafka and recorded, a second request with the same
@@ -34,7 +41,7 @@ from typing import Any, Final, cast, get_args
 
 import orjson
 
-from projections.access.policy import PolicyRefusal, check_purpose
+from projections.access.policy import PolicyRefusal, WriteBounds, check_purpose
 from projections.bookkeeping import Conn
 from topics.envelope import ActorType
 
@@ -72,6 +79,35 @@ def judge_proposal(
         raise PolicyRefusal(
             "actor_mismatch",
             f"the event's actor must be this key's: type {expected[0]!r}, id {expected[1]!r}",
+        )
+
+
+def judge_memory_write(
+    bounds: WriteBounds | None,
+    memory_id: str,
+    proposed: tuple[str, str] | None,
+    stored: tuple[str, str] | None,
+) -> None:
+    """Refuse (``PolicyRefusal``, a 403) a memory event outside a key's write ``bounds``.
+    ``proposed``: the (kind, scope) a ``memory.proposed`` names, else None; ``stored``: the
+    (kind, scope) of the memory the projection holds under ``memory_id``, None if none. A
+    proposal needs its own kind and scope within the bounds (and the stored one's, if it
+    names a memory that exists); any other event needs a stored memory within them."""
+    if bounds is None:
+        return
+    if proposed is not None:
+        kind, scope = proposed
+        if not bounds.writes_kind(kind):
+            raise PolicyRefusal("kind_not_writable", f"this key may not write kind {kind!r}")
+        if not bounds.writes_scope(scope):
+            raise PolicyRefusal("scope_not_writable", f"this key may not write scope {scope!r}")
+    if (proposed is None or stored is not None) and (
+        stored is None or not bounds.may_write(*stored)
+    ):
+        raise PolicyRefusal(
+            "memory_not_writable",
+            f"this key may not change memory {memory_id!r}: it is unknown, or of a kind or"
+            " scope outside the key's write bounds",
         )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from projections import rebuilds
 from projections.access import audit as read_audit
+from projections.access import pauses
 from projections.bookkeeping import (
     Conn,
     copy_new_rows,
@@ -344,6 +345,9 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
     if subject is not None:
         reads_about.append(read_audit.subject_read(subject.type, subject.id))
     await read_audit.erase(conn, tenant, reads_about)
+    # Why an operator paused the subject is free text about the person.
+    if subject is not None:
+        await pauses.erase_subject(conn, tenant, subject.type, subject.id, entry.cut_off)
     # The erased memories' values still waiting in any outbox are never published: the
     # ledger's null is the last record of their keys on memory.current (bookkeeping).
     await remove_pending_messages(conn, MEMORY_CURRENT.base_name, tenant, memories)

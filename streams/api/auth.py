@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from projections.access import keys, purposes
-from projections.access.policy import PolicyRefusal, PurposePolicy, check_purpose
+from projections.access.policy import PolicyRefusal, PurposePolicy, WriteBounds, check_purpose
 from streams.api.errors import ApiError
 from streams.api.limits import Verdict
 from streams.api.services import ApiServices
@@ -37,6 +37,7 @@ class Principal:
     tenant_id: str
     actor: str
     purposes: tuple[str, ...]
+    write_bounds: WriteBounds | None = None
 
     def check_purpose(self, purpose: str) -> None:
         """403 unless ``purpose`` is one of the key's."""
@@ -84,7 +85,7 @@ async def require_principal(
         raise _rate_limited(
             verdict, f"rate limit of {services.rate_limit.item} exceeded for this key"
         )
-    return Principal(key.key_id, key.tenant_id, key.actor, key.purposes)
+    return Principal(key.key_id, key.tenant_id, key.actor, key.purposes, key.write_bounds)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(require_principal)]

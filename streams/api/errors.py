@@ -2,7 +2,7 @@
 
 Routes raise ``ApiError``; FastAPI's own refusals (validation, unknown route, wrong method)
 and anything unexpected are turned into the same body, so a client parses one shape for
-400, 401, 403, 404, 413, 422, 429 and 5xx alike. A 5xx never carries the exception's text
+400, 401, 403, 404, 413, 422, 423, 429 and 5xx alike. A 5xx never carries the exception's text
 (it can name hosts or values), only its code; the log names the route's template and the
 exception's class and code (``streams.failures.loggable``): a path carries ids, and the log is
 a place no erasure reaches.
@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from projections.access.pauses import SubjectPaused
 from projections.embeddings.vectors import VectorStoreRefused
 from streams.api.metrics import route_template
 from streams.failures import loggable
@@ -57,10 +58,11 @@ def error_response(
 _DESCRIPTIONS = {
     400: "malformed request",
     401: "no valid API key",
-    403: "outside the key's tenant or purpose",
+    403: "outside the key's tenant, purpose or write bounds",
     404: "not found (or not the key's tenant's)",
     413: "request body too large",
     422: "invalid parameters or body",
+    423: "the subject is paused by an operator (code subject_paused): nothing of it is served",
     429: "rate limit exceeded (Retry-After says when to retry)",
     500: "internal error",
     503: "a dependency is unavailable (nothing was accepted or read): retry later",
@@ -104,6 +106,11 @@ def install(app: FastAPI) -> None:
             for error in exc.errors()
         )
         return error_response(422, "invalid_request", problems[:2000])
+
+    @app.exception_handler(SubjectPaused)
+    async def _paused(request: Request, exc: SubjectPaused) -> JSONResponse:
+        # Audited reads answer it themselves (recording the refusal); any other path too.
+        return error_response(423, exc.code, exc.message)
 
     @app.exception_handler(VectorStoreRefused)
     async def _vectors_refused(request: Request, exc: VectorStoreRefused) -> JSONResponse:

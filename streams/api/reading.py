@@ -1,9 +1,9 @@
 """One audited read: the purpose checked against the key, its policy loaded, the read run
 under it, and the decision recorded (``projections.access.audit``), refused or not.
 
-A refusal (403) is recorded as ``denied`` before it is answered; an answered read as
-``allowed`` with the ids it returned and those it filtered (the guard's drops, and hydrated
-candidates outside the request's filters). Ids only, never content.
+A refusal (403, or 423 for a paused subject) is recorded as ``denied`` before it is answered;
+an answered read as ``allowed`` with the ids it returned and those it filtered (the guard's
+drops, and hydrated candidates outside the request's filters). Ids only, never content.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from projections.access import audit
+from projections.access.pauses import SubjectPaused
 from projections.access.policy import DENIED, PolicyRefusal, PurposePolicy, ReadDecision
 from projections.bookkeeping import Conn
 from streams.api.auth import Principal, policy_of
@@ -54,6 +55,12 @@ async def audited_read(
         async with conn.transaction():
             await audit.record(conn, entry)
 
+    async def record_refusal(conn: Conn) -> None:
+        # A refusal after the read's first query leaves its implicit transaction open, which
+        # the pool rolls back as the error leaves the block: the record commits on its own.
+        await conn.rollback()
+        await record(conn, DENIED)
+
     try:
         policy = await policy_of(services, principal, purpose)
     except ApiError:
@@ -64,8 +71,11 @@ async def audited_read(
         try:
             answer, decision = await read(conn, policy)
         except PolicyRefusal as refusal:
-            await record(conn, DENIED)
+            await record_refusal(conn)
             raise ApiError(403, refusal.code, refusal.message) from None
+        except SubjectPaused as paused:
+            await record_refusal(conn)
+            raise ApiError(423, paused.code, paused.message) from None
         except ApiError as error:
             if error.status == 404:
                 await record(conn, ReadDecision("allowed"))

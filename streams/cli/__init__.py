@@ -16,6 +16,7 @@ from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
 from streams.cli.replay import offsets, replay
 from streams.cli.serve import serve
+from streams.cli.subject import subject
 from streams.kafka_security import KafkaUnavailable
 from streams.logs import install as install_content_free_logging
 from streams.settings import DevelopmentKeyRefused, Settings
@@ -45,6 +46,7 @@ for command in (
     recall,
     memory,
     conversation,
+    subject,
     delete,
     deletion,
     audit,

@@ -12,7 +12,9 @@ import orjson
 import psycopg
 from confluent_kafka import KafkaException
 
+from projections.access.pauses import SubjectPaused
 from projections.bookkeeping import Conn
+from projections.migrate import migrate
 from streams.settings import Settings
 
 T = TypeVar("T")
@@ -36,6 +38,27 @@ def with_connection(settings: Settings, work: Callable[[Conn], Awaitable[T]]) ->
     async def run() -> T:
         async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
             return await work(conn)
+
+    return asyncio.run(run())
+
+
+def paused_refusal(paused: SubjectPaused) -> click.ClickException:
+    """A read of a paused subject, as a command says it (exit 1, one line)."""
+    return click.ClickException(
+        f"{paused.message} (subject_paused); memproj subject resume --tenant {paused.tenant_id}"
+        f" --subject-type {paused.subject_type} --subject-id {paused.subject_id} serves it again"
+    )
+
+
+def with_migrated(settings: Settings, work: Callable[[Conn], Awaitable[T]]) -> T:
+    """Runs ``work`` on a connection to a schema migrated up to date (for the tables an
+    operator's command writes before any worker has started), committing what it does."""
+
+    async def run() -> T:
+        async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
+            await migrate(conn)
+            async with conn.transaction():
+                return await work(conn)
 
     return asyncio.run(run())
 

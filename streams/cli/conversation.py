@@ -7,12 +7,13 @@ from typing import Any
 
 import click
 
+from projections.access.pauses import SubjectPaused
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.conversation import store
 from streams import reads
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, paused_refusal, settings_of, with_connection
 
 
 @click.group()
@@ -44,7 +45,10 @@ def conversation_show(
         detail = await store.load_conversation(conn, tenant, conversation_id)
         return detail.to_json() if detail is not None else None
 
-    shown = with_connection(settings, load)
+    try:
+        shown = with_connection(settings, load)
+    except SubjectPaused as paused:
+        raise paused_refusal(paused) from None
     if shown is None:
         raise click.ClickException(f"no conversation {conversation_id!r} for tenant {tenant!r}")
     if as_json:

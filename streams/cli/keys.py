@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -14,8 +13,7 @@ import psycopg
 
 from projections.access import keys as access_keys
 from projections.access import purposes as purposes_store
-from projections.access.policy import PurposePolicy
-from projections.bookkeeping import Conn
+from projections.access.policy import WILDCARD, PurposePolicy, WriteBounds
 from projections.deadletters.sealing import LetterSealer
 from projections.migrate import migrate
 from projections.sealing.keys import KeyStore
@@ -27,7 +25,7 @@ from projections.sealing.rotation import (
     remaining,
     rotate,
 )
-from streams.cli.common import echo_json, settings_of
+from streams.cli.common import echo_json, settings_of, with_migrated
 from streams.settings import Settings
 
 T = TypeVar("T")
@@ -141,19 +139,6 @@ def keys_status(ctx: click.Context, as_json: bool) -> None:
 # -- API keys and purposes ------------------------------------------------------------------
 
 
-def _with_migrated(settings: Settings, work: Callable[[Conn], Awaitable[T]]) -> T:
-    """Runs ``work`` on a connection to a schema migrated up to date (the API's tables come
-    with migration 012), committing what it does."""
-
-    async def run() -> T:
-        async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
-            await migrate(conn)
-            async with conn.transaction():
-                return await work(conn)
-
-    return asyncio.run(run())
-
-
 def _key_json(key: access_keys.ApiKey) -> dict[str, Any]:
     return {
         "key_id": key.key_id,
@@ -162,7 +147,41 @@ def _key_json(key: access_keys.ApiKey) -> dict[str, Any]:
         "purposes": list(key.purposes),
         "created_at": key.created_at.isoformat(),
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+        "write_bounds": _bounds_json(key.write_bounds),
     }
+
+
+def _bounds_json(bounds: WriteBounds | None) -> dict[str, list[str]] | None:
+    if bounds is None:
+        return None
+    return {"kinds": sorted(bounds.kinds), "scopes": sorted(bounds.scopes)}
+
+
+def _describe_bounds(bounds: WriteBounds | None) -> str:
+    if bounds is None:
+        return "writes any kind and scope"
+    kinds, scopes = ",".join(sorted(bounds.kinds)), ",".join(sorted(bounds.scopes))
+    return f"writes kinds {kinds or '-'}, scopes {scopes or '-'}"
+
+
+def _bounds_of(write_kinds: str | None, write_scopes: str | None) -> WriteBounds | None:
+    """The bounds ``--write-kinds`` and ``--write-scopes`` name (either alone: the other is
+    '*'); None when neither is given."""
+    if write_kinds is None and write_scopes is None:
+        return None
+    kinds = _names(write_kinds) if write_kinds is not None else [WILDCARD]
+    scopes = _names(write_scopes) if write_scopes is not None else [WILDCARD]
+    return WriteBounds(frozenset(kinds), frozenset(scopes))
+
+
+_WRITE_KINDS = click.option(
+    "--write-kinds",
+    help="comma-separated memory kinds its propose purpose may write ('*': any; default: any)",
+)
+_WRITE_SCOPES = click.option(
+    "--write-scopes",
+    help="comma-separated scopes its propose purpose may write ('*': any; default: any)",
+)
 
 
 def _names(text: str) -> list[str]:
@@ -179,18 +198,30 @@ def keys_api() -> None:
 @click.option("--tenant", required=True)
 @click.option("--actor", required=True, help="who uses the key, e.g. agent:support-bot")
 @click.option("--purposes", required=True, help="comma-separated purposes the key may read under")
+@_WRITE_KINDS
+@_WRITE_SCOPES
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def keys_api_create(
-    ctx: click.Context, tenant: str, actor: str, purposes: str, as_json: bool
+    ctx: click.Context,
+    tenant: str,
+    actor: str,
+    purposes: str,
+    write_kinds: str | None,
+    write_scopes: str | None,
+    as_json: bool,
 ) -> None:
-    """Create a key; the key itself (mpk_...) is printed once and cannot be shown again."""
+    """Create a key; the key itself (mpk_...) is printed once and cannot be shown again.
+    With --write-kinds or --write-scopes, its propose purpose writes only those memories."""
     names = _names(purposes)
     if not names:
         raise click.BadParameter("name at least one purpose", param_hint="--purposes")
-    created = _with_migrated(
+    bounds = _bounds_of(write_kinds, write_scopes)
+    created = with_migrated(
         settings_of(ctx),
-        lambda conn: access_keys.create_key(conn, tenant, actor, names, datetime.now(UTC)),
+        lambda conn: access_keys.create_key(
+            conn, tenant, actor, names, datetime.now(UTC), write_bounds=bounds
+        ),
     )
     if as_json:
         echo_json({**_key_json(created.key), "key": created.token})
@@ -198,7 +229,7 @@ def keys_api_create(
         click.echo(created.token)
         click.echo(
             f"key {created.key.key_id} for tenant {tenant}, actor {actor}, purposes "
-            f"{', '.join(names)} (shown once: store it now)",
+            f"{', '.join(names)}, {_describe_bounds(bounds)} (shown once: store it now)",
             err=True,
         )
 
@@ -209,7 +240,7 @@ def keys_api_create(
 @click.pass_context
 def keys_api_list(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
     """Every key (never a secret), revoked ones included."""
-    found = _with_migrated(settings_of(ctx), lambda conn: access_keys.list_keys(conn, tenant))
+    found = with_migrated(settings_of(ctx), lambda conn: access_keys.list_keys(conn, tenant))
     if as_json:
         echo_json([_key_json(key) for key in found])
         return
@@ -217,7 +248,36 @@ def keys_api_list(ctx: click.Context, tenant: str | None, as_json: bool) -> None
         state = f"revoked {key.revoked_at.isoformat()}" if key.revoked_at else "active"
         click.echo(
             f"{key.key_id} {key.tenant_id:16} {key.actor:24} {','.join(key.purposes):32} {state}"
+            f" ({_describe_bounds(key.write_bounds)})"
         )
+
+
+@keys_api.command("bound")
+@click.argument("key_id")
+@_WRITE_KINDS
+@_WRITE_SCOPES
+@click.option("--unbounded", is_flag=True, help="lift the bounds: writes any kind and scope")
+@click.pass_context
+def keys_api_bound(
+    ctx: click.Context,
+    key_id: str,
+    write_kinds: str | None,
+    write_scopes: str | None,
+    unbounded: bool,
+) -> None:
+    """Set the memory kinds and scopes a key's propose purpose may write (from its next
+    request on), or lift them with --unbounded."""
+    bounds = _bounds_of(write_kinds, write_scopes)
+    if (bounds is None) != unbounded:
+        raise click.UsageError("give --write-kinds and/or --write-scopes, or --unbounded")
+    presented = access_keys.parse_key(key_id)
+    wanted = presented.key_id if presented is not None else key_id
+    key = with_migrated(settings_of(ctx), lambda conn: access_keys.bound_key(conn, wanted, bounds))
+    if key is None:
+        raise click.ClickException(f"no API key {wanted!r}")
+    click.echo(
+        f"{key.key_id} (tenant {key.tenant_id}, actor {key.actor}) {_describe_bounds(bounds)}"
+    )
 
 
 @keys_api.command("revoke")
@@ -227,7 +287,7 @@ def keys_api_revoke(ctx: click.Context, key_id: str) -> None:
     """Revoke a key (by its id, or the whole mpk_... key): refused from the next request on."""
     presented = access_keys.parse_key(key_id)
     wanted = presented.key_id if presented is not None else key_id
-    key = _with_migrated(
+    key = with_migrated(
         settings_of(ctx), lambda conn: access_keys.revoke_key(conn, wanted, datetime.now(UTC))
     )
     if key is None:
@@ -274,7 +334,7 @@ def keys_purpose_set(
     as_json: bool,
 ) -> None:
     """Create or replace a purpose's policy."""
-    policy = _with_migrated(
+    policy = with_migrated(
         settings_of(ctx),
         lambda conn: purposes_store.set_policy(
             conn, tenant, purpose, _names(kinds), _names(scopes), conversations, datetime.now(UTC)
@@ -299,9 +359,7 @@ def _describe_policy(policy: PurposePolicy) -> str:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def keys_purpose_list(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
-    found = _with_migrated(
-        settings_of(ctx), lambda conn: purposes_store.list_policies(conn, tenant)
-    )
+    found = with_migrated(settings_of(ctx), lambda conn: purposes_store.list_policies(conn, tenant))
     if as_json:
         echo_json([_policy_json(policy) for policy in found])
         return
@@ -315,7 +373,7 @@ def keys_purpose_list(ctx: click.Context, tenant: str | None, as_json: bool) -> 
 @click.pass_context
 def keys_purpose_remove(ctx: click.Context, tenant: str, purpose: str) -> None:
     """Remove a purpose's policy: the purpose then reads nothing."""
-    removed = _with_migrated(
+    removed = with_migrated(
         settings_of(ctx), lambda conn: purposes_store.remove_policy(conn, tenant, purpose)
     )
     if not removed:

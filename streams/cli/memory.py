@@ -8,13 +8,15 @@ from typing import Any
 
 import click
 
+from projections.access import pauses
+from projections.access.pauses import SubjectPaused
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams import reads
-from streams.cli.common import echo_json, settings_of, with_connection
+from streams.cli.common import echo_json, paused_refusal, settings_of, with_connection
 from streams.reads import Hydrated
 from streams.services import build_embedder, open_vector_store
 
@@ -128,7 +130,10 @@ def recall(
         finally:
             await redis.aclose()
 
-    hydrated = with_connection(settings, read)
+    try:
+        hydrated = with_connection(settings, read)
+    except SubjectPaused as paused:
+        raise paused_refusal(paused) from None
     records = hydrated.records
     if hydrated.blocked_total:
         click.echo(f"hydration guard dropped {dict(hydrated.blocked)}", err=True)
@@ -158,7 +163,9 @@ def memory() -> None:
 def memory_show(
     ctx: click.Context, tenant: str, memory_id: str, history: bool, as_json: bool
 ) -> None:
-    """Where did this memory come from: source, observation, verification, every version."""
+    """Where did this memory come from: source, observation, verification, every version.
+    An operator's inspection, not a read path: it shows a paused subject's memory too, and
+    says that it is paused."""
 
     async def load(conn: Any) -> dict[str, Any] | None:
         record = await store.load_memory(conn, tenant, memory_id)
@@ -166,6 +173,9 @@ def memory_show(
             return None
         shown: dict[str, Any] = {"current": record.model_dump(mode="json")}
         shown["eligible"] = record.is_eligible(datetime.now(UTC))
+        shown["subject_paused"] = await pauses.is_paused(
+            conn, tenant, record.subject.type, record.subject.id
+        )
         if history:
             shown["history"] = [
                 {
@@ -197,6 +207,9 @@ def memory_show(
         echo_json(shown)
         return
     current = shown["current"]
+    if shown["subject_paused"]:
+        notice = "its subject is paused: no read path serves it (shown to the operator)"
+        click.echo(notice, err=True)
     click.echo(
         f"{memory_id} v{current['version']} {current['status']} "
         f"(eligible: {shown['eligible']})\n  value: {current['value']}\n"

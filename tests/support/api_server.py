@@ -24,6 +24,7 @@ import psycopg
 from conftest import REPO, Env, settings_environment
 
 from projections.access import keys, purposes
+from projections.access.policy import WriteBounds
 from projections.embeddings.vectors import Match
 from projections.migrate import migrate
 from streams.api.app import create_app, http_server
@@ -107,11 +108,16 @@ class ApiServer:
         return f"tn_{uuid.uuid4().hex[:10]}"
 
     def create_key(
-        self, tenant: str, purposes_: Sequence[str], actor: str = "agent:test"
+        self,
+        tenant: str,
+        purposes_: Sequence[str],
+        actor: str = "agent:test",
+        write_bounds: WriteBounds | None = None,
     ) -> keys.CreatedKey:
         return self.env.run(
             lambda conn: _committed(
-                conn, keys.create_key(conn, tenant, actor, purposes_, datetime.now(UTC))
+                conn,
+                keys.create_key(conn, tenant, actor, purposes_, datetime.now(UTC), write_bounds),
             )
         )
 

@@ -1,12 +1,12 @@
 """Reading conversations: the context view, and the messages and summaries with their
 sources. A purpose reads conversations only if its policy says so; the key's tenant only (a
-conversation of another tenant is not found)."""
+conversation of another tenant is not found); none of a paused owner (423)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from projections.access import audit
+from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, check_conversations
 from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
@@ -20,7 +20,7 @@ from topics.api.models import ContextView, ConversationDetail
 
 router = APIRouter(prefix="/v1", tags=["conversations"])
 
-_READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
+_READ_ERRORS = error_responses(401, 403, 404, 413, 422, 423, 429, 500)
 
 
 @router.get(
@@ -46,6 +46,8 @@ async def get_conversation(
         )
         if detail is None:
             raise ApiError(404, "not_found", f"no conversation {conversation_id!r}")
+        owner = detail.record
+        await pauses.check_serving(conn, principal.tenant_id, owner.owner_type, owner.owner_id)
         shown = detail.to_json()
         returned = [m.message_id for m in detail.messages]
         returned += [f"summary:{s.summary_version}" for s in detail.summaries]

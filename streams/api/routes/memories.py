@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from projections.access import audit
+from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
 from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
@@ -32,8 +32,8 @@ from topics.envelope import IDENTIFIER_MAX_LENGTH
 
 router = APIRouter(prefix="/v1", tags=["memories"])
 
-_READ_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500)
-_SEARCH_ERRORS = error_responses(401, 403, 404, 413, 422, 429, 500, 503)
+_READ_ERRORS = error_responses(401, 403, 404, 413, 422, 423, 429, 500)
+_SEARCH_ERRORS = error_responses(401, 403, 404, 413, 422, 423, 429, 500, 503)
 
 # Purposes are the API's own names (memproj keys purpose set): printable.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
@@ -170,7 +170,8 @@ async def recall(
     limit: LimitParam = 50,
 ) -> MemoryList:
     """Never revoked, superseded, expired, erased or another tenant's; newest observation
-    first. Through the cache; every cached candidate is re-read through the projection."""
+    first. Through the cache; every cached candidate is re-read through the projection. 423
+    while the subject is paused."""
 
     async def hydrate(conn: Conn, query: RecallQuery) -> reads.Hydrated:
         return await reads.recall(conn, services.cache, query, services.clock())
@@ -226,7 +227,7 @@ async def get_memory(
     purpose: PurposeParam,
 ) -> MemoryDetail:
     """404 if the key's tenant has no such memory, or it is erased; 403 if the purpose may
-    not read its kind or scope."""
+    not read its kind or scope; 423 if its subject is paused."""
 
     async def read(conn: Conn, policy: PurposePolicy | None) -> tuple[MemoryDetail, ReadDecision]:
         memory_filters(policy)  # a purpose without a policy reads nothing
@@ -241,6 +242,8 @@ async def get_memory(
         if record is None:
             raise ApiError(404, "not_found", f"no memory {memory_id!r}")
         memory_filters(policy, kind=record.kind, scope=record.scope)
+        subject = record.subject
+        await pauses.check_serving(conn, principal.tenant_id, subject.type, subject.id)
         history = [
             MemoryVersion(
                 version=entry.record.version,

@@ -4,7 +4,9 @@ the same path a producer takes, the input topic.
 The body is one contract event, validated by the contract's codec exactly as the workers
 will decode it (a body the codec refuses is a 422 naming its reason code, never a dead
 letter); the event must be of the key's tenant and name the key's actor, and the key must
-hold the ``propose`` purpose (``projections.access.proposals``). It is produced with the
+hold the ``propose`` purpose (``projections.access.proposals``); a memory event must be within
+the key's write bounds, if it has any (its kind and scope, and those of the memory a
+verification, correction or revocation names, read from the projection). It is produced with the
 contract's key (``tenant_id:entity_id``), as ``memproj demo produce`` and every producer do.
 
 Accepted once, never lost: the event id is recorded in ``api_proposals`` and the event
@@ -28,7 +30,14 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from projections.access.policy import PolicyRefusal
-from projections.access.proposals import accepted_at, judge_proposal, record_proposal
+from projections.access.proposals import (
+    accepted_at,
+    judge_memory_write,
+    judge_proposal,
+    record_proposal,
+)
+from projections.bookkeeping import Conn
+from projections.memory import store as memory_store
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
 from streams.api.services import ApiServices
@@ -41,6 +50,7 @@ from topics.api.writes import (
 )
 from topics.codec import EventCodec, InvalidMessage
 from topics.envelope import Envelope
+from topics.memory import MemoryEvent, MemoryProposed
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS, TopicSpec, input_key
 from topics.schemas import default_schemas
 
@@ -96,6 +106,22 @@ def decode_proposal(topic: InputTopic, body: bytes, max_value_bytes: int) -> tup
         raise ApiError(422, exc.code.value, exc.detail[:2000]) from None
 
 
+async def judge_bounds(conn: Conn, principal: Principal, event: MemoryEvent) -> None:
+    """403 for a memory event outside the key's write bounds (a key without any: none)."""
+    bounds = principal.write_bounds
+    if bounds is None:
+        return
+    proposed = None
+    if isinstance(event, MemoryProposed):
+        proposed = (event.payload.kind, event.payload.scope)
+    record = await memory_store.load_memory(conn, event.tenant_id, event.memory_id)
+    stored = (record.kind, record.scope) if record is not None else None
+    try:
+        judge_memory_write(bounds, event.memory_id, proposed, stored)
+    except PolicyRefusal as refusal:
+        raise ApiError(403, refusal.code, refusal.message) from None
+
+
 async def propose(
     services: ApiServices, principal: Principal, topic: InputTopic, body: bytes
 ) -> ProposalAnswer | JSONResponse:
@@ -113,6 +139,8 @@ async def propose(
     name = services.settings.topics.name(topic.spec)
     now = services.clock()
     async with services.pool.connection() as conn, conn.transaction():
+        if isinstance(event, MemoryEvent):
+            await judge_bounds(conn, principal, event)
         if not await record_proposal(conn, event.tenant_id, event.event_id, name, now):
             first = await accepted_at(conn, event.tenant_id, event.event_id)
             duplicate = ProposalAnswer(
@@ -179,7 +207,10 @@ async def propose_memory_event(
     request: Request, services: Services, principal: CurrentPrincipal
 ) -> ProposalAnswer | JSONResponse:
     """A ``memory.proposed``, ``verified``, ``corrected`` or ``revoked`` event of the key's
-    tenant, by the key's actor. 202: produced; the memory worker applies it as any other."""
+    tenant, by the key's actor. 202: produced; the memory worker applies it as any other.
+    A key with write bounds is refused (403) a proposal of a kind (``kind_not_writable``) or
+    scope (``scope_not_writable``) outside them, and a verification, correction or
+    revocation of a memory it may not write or that does not exist (``memory_not_writable``)."""
     return await propose(services, principal, MEMORY, await request.body())
 
 
