@@ -12,11 +12,10 @@ import lancedb
 import pytest
 
 from projections.embeddings.lance import (
-    SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     table_schema_version,
 )
-from projections.embeddings.vectors import Match, VectorSchemaOutdated
+from projections.embeddings.vectors import SCHEMA_VERSION, Match, VectorSchemaOutdated
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.replay import replay_embeddings
