@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -296,10 +296,8 @@ class PostgresVectorStore:
         return sorted(entries, key=lambda entry: (entry.tenant_id, entry.id))
 
     def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:
-        if not entry_ids:
-            return []
-        where = self._match(Match(tenant_id, entry_ids=tuple(sorted(set(entry_ids)))))
-        by_id = {entry.id: entry for entry in self._select(cast(sql.Composable, where))}
+        found = map(self._entry, self._rows_of(tenant_id, entry_ids, _COLUMNS))
+        by_id = {entry.id: entry for entry in found}
         return [by_id[entry_id] for entry_id in dict.fromkeys(entry_ids) if entry_id in by_id]
 
     def entries(self, tenant_id: str) -> list[VectorEntry]:
@@ -416,19 +414,30 @@ class PostgresVectorStore:
     ) -> list[tuple[float, tuple[Any, ...]]]:
         """The ranked entries' ``columns`` (the first is the id), in the ranking's order. An
         entry removed since the ranking is left out: it is gone."""
-        if not ranked:
+        rows = {row[0]: row for row in self._rows_of(tenant_id, [i for _, i in ranked], columns)}
+        return [(distance, rows[entry_id]) for distance, entry_id in ranked if entry_id in rows]
+
+    def _rows_of(
+        self, tenant_id: str, entry_ids: Sequence[str], columns: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """The ``columns`` of the tenant's entries among ``entry_ids``, in no order.
+
+        Joined with the ids, one primary-key lookup each: as ``id = ANY(...)``, a table
+        without statistics yet (new, just loaded) was read through the subject index on the
+        tenant alone, every entry of it filtered (89 ms for 2 ids among 31,000)."""
+        if not entry_ids:
             return []
-        where = sql.SQL("tenant_id = {} AND collection = {} AND id = ANY({}::text[])").format(
+        statement = sql.SQL(
+            "SELECT {} FROM unnest({}::text[]) AS wanted (id) JOIN vector_entries AS entry"
+            " ON entry.tenant_id = {} AND entry.collection = {} AND entry.id = wanted.id"
+        ).format(
+            sql.SQL(", ").join(sql.Identifier("entry", name) for name in columns),
+            sql.Literal(sorted(set(entry_ids))),
             sql.Literal(tenant_id),
             sql.Literal(self.collection),
-            sql.Literal([entry_id for _, entry_id in ranked]),
-        )
-        statement = sql.SQL("SELECT {} FROM vector_entries WHERE {}").format(
-            _columns(columns), where
         )
         with self._statement() as cursor:
-            rows = {row[0]: tuple(row) for row in cursor.execute(statement).fetchall()}
-        return [(distance, rows[entry_id]) for distance, entry_id in ranked if entry_id in rows]
+            return [tuple(row) for row in cursor.execute(statement).fetchall()]
 
     def search(
         self,
