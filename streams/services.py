@@ -6,7 +6,6 @@ stop."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import os
@@ -107,14 +106,32 @@ def open_vector_tables(settings: Settings) -> VectorTables:
     return LanceShadows(settings.vector_store_path, model.dim, model=model.name)
 
 
-@functools.cache
+# The PostgreSQL vector store's pools of this process, by connection string and size.
+_vector_pools: dict[tuple[str, int], Pool] = {}
+_vector_pools_lock = threading.Lock()
+
+
 def vector_pool(conninfo: str, size: int) -> Pool:
     """The process's pool of synchronous connections for the PostgreSQL vector store (its
-    methods run in worker threads), opened on first use: one per database, whatever opens
-    the store how many times."""
+    methods run in worker threads), opened on first use: one per database, however many
+    times the store is opened."""
     from projections.embeddings.postgres import open_pool
 
-    return open_pool(conninfo, size)
+    with _vector_pools_lock:
+        pool = _vector_pools.get((conninfo, size))
+        if pool is None:
+            pool = _vector_pools[(conninfo, size)] = open_pool(conninfo, size)
+        return pool
+
+
+def close_vector_pools() -> None:
+    """Closes every pool ``vector_pool`` opened (a process that opens many databases: the
+    tests)."""
+    with _vector_pools_lock:
+        pools = list(_vector_pools.values())
+        _vector_pools.clear()
+    for pool in pools:
+        pool.close()
 
 
 def build_embedder(settings: Settings) -> Embedder:

@@ -19,6 +19,7 @@ columns, and opening one of another embedder or version refuses, as LanceDB's ta
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -108,7 +109,27 @@ class PostgresVectorStore:
         self.model = model
         self.collection = collection
         self._pool = pool
-        self._open(adopt, create)
+        self._adopt, self._create = adopt, create
+        self._checked = threading.Event()
+        self._checking = threading.Lock()
+        self._check()
+
+    def _check(self) -> None:
+        """Creates the collection (``create``) or finds it, and refuses one of another
+        embedder or column version (unless ``adopt``): at the opening, so that a worker of
+        the wrong model stops as it starts. A database not migrated yet (a worker opens the
+        store as it is built, before its start applies the migrations) is checked at the
+        first use instead."""
+        if self._checked.is_set():
+            return
+        with self._checking:
+            if self._checked.is_set():
+                return
+            try:
+                self._open(self._adopt, self._create)
+            except psycopg.errors.UndefinedTable:
+                return
+            self._checked.set()
 
     def _open(self, adopt: bool, create: bool) -> None:
         where = f"the vector collection {self.collection!r} in PostgreSQL"
@@ -141,6 +162,7 @@ class PostgresVectorStore:
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
         """A cursor in one transaction, committed when the block ends."""
+        self._check()
         with (
             self._pool.connection() as conn,
             conn.transaction(),
@@ -151,6 +173,7 @@ class PostgresVectorStore:
     @contextmanager
     def _statement(self) -> Iterator[psycopg.Cursor[Any]]:
         """A cursor for one statement, committed by itself (autocommit)."""
+        self._check()
         with self._pool.connection() as conn, conn.cursor(binary=True) as cursor:
             yield cursor
 
@@ -344,6 +367,7 @@ class PostgresVectorStore:
         statement = sql.SQL("SELECT {} FROM vector_entries WHERE {}").format(
             _columns(_REF_COLUMNS), where
         )
+        self._check()
         with (
             self._pool.connection() as conn,
             conn.transaction(),
@@ -488,6 +512,7 @@ class PostgresVectorStore:
         statement = sql.SQL("SELECT id, vector FROM vector_entries WHERE {}").format(
             self._candidates(tenant_id, None, None)
         )
+        self._check()
         with (
             self._pool.connection() as conn,
             conn.transaction(),

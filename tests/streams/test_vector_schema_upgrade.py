@@ -56,6 +56,8 @@ def as_version_1(settings: Settings) -> None:
 def test_a_table_of_the_previous_schema_is_refused_until_the_rebuild_swaps_it_in(
     env: Any,
 ) -> None:
+    # LanceDB's table of the previous memproj (PostgreSQL's: test_postgres_vectors.py).
+    env.settings = env.settings.model_copy(update={"vector_store": "lancedb"})
     f = EventFactory()
     env.produce_events(
         [
