@@ -93,13 +93,10 @@ class Population:
         ]
         self.specs = [(subject, n) for subject, count in subjects for n in range(count)]
         embedder = HashingEmbedder(256)
-        self.vectors = np.asarray(
-            [
-                embedder.embed([text_of(i) for i in range(start, start + 1000)])
-                for start in range(0, len(self.specs), 1000)
-            ],
-            dtype=np.float32,
-        ).reshape(-1, 256)[: len(self.specs)]
+        self.vectors = np.empty((len(self.specs), 256), dtype=np.float32)
+        for start in range(0, len(self.specs), 1000):
+            stop = min(start + 1000, len(self.specs))
+            self.vectors[start:stop] = embedder.embed([text_of(i) for i in range(start, stop)])
         self.now = datetime.now(UTC)
 
     def __len__(self) -> int:
