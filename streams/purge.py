@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 # The tables an erasure deletes rows from (``projections.deletion.store.erase``), and those
 # whose dead tuples hold what it erased from before: the outbox's published rows (the
 # memory.current values), the data keys it shreds (a dead tuple still holds the wrapped key,
-# which would open the sealed log), the dead-letter keys it blanks, the probes.
+# which would open the sealed log), the dead-letter keys it blanks, the probes; and the
+# vectors and texts the embeddings store deletes (``projections.embeddings.postgres``: its
+# removals leave no version, only dead tuples).
 PROJECTION_TABLES = (
     "memories",
     "memory_versions",
@@ -58,6 +60,7 @@ PROJECTION_TABLES = (
     "entity_keys",
     "dead_letter_keys",
     "deletion_probes",
+    "vector_entries",
 )
 
 

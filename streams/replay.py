@@ -61,7 +61,12 @@ from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
 from projections.deletion import store as deletion_store
-from projections.embeddings.vectors import VectorEntry, VectorStore
+from projections.embeddings.vectors import (
+    SCHEMA_VERSION,
+    VectorEntry,
+    VectorStore,
+    replay_table_name,
+)
 from projections.memory.projection import MemoryProjection
 from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
@@ -72,7 +77,7 @@ from streams.metrics import Metrics
 from streams.rebuild import MemoryRebuild, cannot_apply
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
 from streams.runner import Projection, ProjectionRunner
-from streams.services import build_embedder, make_pool, open_vector_store
+from streams.services import build_embedder, make_pool, open_vector_store, open_vector_tables
 from streams.settings import Settings
 from streams.worker import LiveInput, live_input
 from topics.messages import InputMessage
@@ -587,20 +592,13 @@ async def replay_embeddings(
     comparison is of entries, not vectors): the live vectors are unusable to this embedder,
     and ``never`` still keeps them. The same goes for a live table of an older schema
     (without the columns search filters by, which the vector store refuses to read)."""
-    from projections.embeddings.lance import (
-        SCHEMA_VERSION,
-        drop_table,
-        replay_table_name,
-        table_model,
-        table_schema_version,
-    )
     from streams.agents.index import EmbeddingsIndexer
 
     name = replay_table_name(datetime.now(UTC))
+    tables = open_vector_tables(settings)
     shadow = open_vector_store(settings, table=name)
     live = open_vector_store(settings, adopt=True)
-    previous_model = table_model(settings.vector_store_path)
-    previous_schema = table_schema_version(settings.vector_store_path)
+    previous_model, previous_schema = tables.recorded()
     pool = make_pool(settings.postgres_conninfo, 2)
     await pool.open(wait=True)
     metrics = Metrics(CollectorRegistry())
@@ -658,7 +656,7 @@ async def replay_embeddings(
         await pool.close()
         # Swapped or not, the shadow table goes: a full copy that no erasure reaches must not
         # stay behind (the report keeps the differences).
-        await asyncio.to_thread(drop_table, settings.vector_store_path, name)
+        await asyncio.to_thread(tables.drop, name)
     return report
 
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import orjson
@@ -30,7 +30,7 @@ from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.embeddings import factory
 from projections.embeddings.embedder import Embedder
-from projections.embeddings.vectors import VectorStore
+from projections.embeddings.vectors import VectorStore, VectorTables
 from projections.migrate import migrate
 from projections.sealing.probes import ProbeSealer
 from projections.stores.base import VectorShadows
@@ -52,6 +52,9 @@ from streams.probes import (
 from streams.runner import ProjectionRunner
 from streams.settings import Settings
 
+if TYPE_CHECKING:
+    from projections.embeddings.postgres import Pool
+
 log = logging.getLogger(__name__)
 
 # A shutdown that overran its bound (sysexits' EX_SOFTWARE).
@@ -61,13 +64,25 @@ EXIT_SHUTDOWN_TIMEOUT = 70
 def open_vector_store(
     settings: Settings, table: str = "embeddings", *, adopt: bool = False, create: bool = True
 ) -> VectorStore:
-    """The vector store of the configured embedder: refuses a table of another model
-    (``adopt``: only the rebuild, which replaces it); ``create=False`` (a reader that never
-    writes) refuses a missing table instead of creating it."""
+    """The vector store of the configured embedder, where ``MEMPROJ_VECTOR_STORE`` keeps it:
+    refuses a table of another model (``adopt``: only the rebuild, which replaces it);
+    ``create=False`` (a reader that never writes) refuses a missing table instead of creating
+    it."""
+    model = settings.embedder_identity
+    if settings.vector_store == "postgres":
+        from projections.embeddings.postgres import PostgresVectorStore
+
+        return PostgresVectorStore(
+            vector_pool(settings.postgres_conninfo, settings.postgres_pool_size),
+            model.dim,
+            table,
+            model=model.name,
+            adopt=adopt,
+            create=create,
+        )
     # lancedb takes about a second to import: only the commands that open the store pay it.
     from projections.embeddings.lance import LanceVectorStore
 
-    model = settings.embedder_identity
     return LanceVectorStore(
         settings.vector_store_path,
         model.dim,
@@ -76,6 +91,47 @@ def open_vector_store(
         adopt=adopt,
         create=create,
     )
+
+
+def open_vector_tables(settings: Settings) -> VectorTables:
+    """The rebuild tables beside the live vector store, and what each records."""
+    model = settings.embedder_identity
+    if settings.vector_store == "postgres":
+        from projections.embeddings.postgres import PostgresCollections
+
+        pool = vector_pool(settings.postgres_conninfo, settings.postgres_pool_size)
+        return PostgresCollections(pool, model.dim, model=model.name)
+    from projections.embeddings.lance import LanceShadows  # lancedb: see open_vector_store
+
+    return LanceShadows(settings.vector_store_path, model.dim, model=model.name)
+
+
+# The PostgreSQL vector store's pools of this process, by connection string and size.
+_vector_pools: dict[tuple[str, int], Pool] = {}
+_vector_pools_lock = threading.Lock()
+
+
+def vector_pool(conninfo: str, size: int) -> Pool:
+    """The process's pool of synchronous connections for the PostgreSQL vector store (its
+    methods run in worker threads), opened on first use: one per database, however many
+    times the store is opened."""
+    from projections.embeddings.postgres import open_pool
+
+    with _vector_pools_lock:
+        pool = _vector_pools.get((conninfo, size))
+        if pool is None:
+            pool = _vector_pools[(conninfo, size)] = open_pool(conninfo, size)
+        return pool
+
+
+def close_vector_pools() -> None:
+    """Closes every pool ``vector_pool`` opened (a process that opens many databases: the
+    tests)."""
+    with _vector_pools_lock:
+        pools = list(_vector_pools.values())
+        _vector_pools.clear()
+    for pool in pools:
+        pool.close()
 
 
 def build_embedder(settings: Settings) -> Embedder:
@@ -117,10 +173,7 @@ class StoreSupplies:
 
     @cached_property
     def vector_shadows(self) -> VectorShadows:
-        from projections.embeddings.lance import LanceShadows  # lancedb: see open_vector_store
-
-        model = self._settings.embedder_identity
-        return LanceShadows(self._settings.vector_store_path, model.dim, model=model.name)
+        return open_vector_tables(self._settings)
 
     @cached_property
     def vector_writes(self) -> asyncio.Lock:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
 from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
+from projections.embeddings.vectors import VectorStoreKind
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -141,11 +142,21 @@ class Settings(BaseSettings):
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
     redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
+    vector_store: VectorStoreKind = Field(
+        "postgres",
+        description="where the vectors of memories and messages are kept: postgres (the "
+        "vector_entries table beside the rest of the data: any number of embeddings workers "
+        "and API replicas on any node, an erasure visible at its commit) or lancedb (an "
+        "embedded LanceDB directory in <data dir>/lancedb: one embeddings worker, and every "
+        "process that opens the store on its node). A change starts from an empty store: "
+        "rebuild it with `memproj replay embeddings`",
+    )
     data_dir: Path = Field(
         Path(".stack/data"),
-        description="worker-local state: the LanceDB vector store, in <data dir>/lancedb. "
-        "Whatever opens the vector store shares it: the embeddings, deletion and monitor "
-        "workers, the API's search, recall --query, audit ghosts and replay embeddings",
+        description="worker-local state: with MEMPROJ_VECTOR_STORE=lancedb, the LanceDB "
+        "vector store, in <data dir>/lancedb, which whatever opens the vector store shares: "
+        "the embeddings, deletion and monitor workers, the API's search, recall --query, "
+        "audit ghosts and replay embeddings",
     )
     max_memory_value_bytes: int = Field(
         65536, description="largest accepted memory value, in bytes of JSON"

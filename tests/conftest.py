@@ -35,6 +35,7 @@ from streams.cli.demo import read_topic
 from streams.kafka import admin_config, create_topics, delete_topics, producer_config
 from streams.progress import SEALED, committed_offsets, end_offsets, wait_caught_up
 from streams.sample import RawEvent, to_message
+from streams.services import close_vector_pools
 from streams.settings import Settings
 from support.service_guard import ServiceGuard, unmarked_service_users
 from topics.messages import InputMessage
@@ -387,6 +388,7 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
     finally:
         every = [test_env, *test_env.siblings]
         stop_all(worker for each in every for worker in each.workers)
+        close_vector_pools()
         # The test's own schemas, and the shadow and retired schemas its replays left (each
         # registered in its live schema): a dev stack that runs the suite every day must not
         # collect them (nor the topics below). Only those: another test session on the same

@@ -10,7 +10,6 @@ lancedb takes about a second to import, so modules that only read the port impor
 from __future__ import annotations
 
 import contextlib
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -25,8 +24,11 @@ from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
 from projections.embeddings.embedder import hashing_name
+from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
     KINDS,
+    REPLAY_PREFIX,
+    SCHEMA_VERSION,
     Candidate,
     EmbedderMismatch,
     EntryKind,
@@ -113,10 +115,9 @@ def any_match_filter(matches: Sequence[Match]) -> str | None:
 # was written before embedders were named, when the hashing embedder was the only one.
 MODEL_KEY = b"memproj.embedder"
 DIM_KEY = b"memproj.embedding_dim"
-# The version of the table's columns. 2: a memory's kind and scope (``memory_kind``,
-# ``scope``), which search filters by before ranking. A table without the key is of version 1.
+# The version of the table's columns (``SCHEMA_VERSION``). A table without the key is of
+# version 1.
 SCHEMA_VERSION_KEY = b"memproj.vector_schema"
-SCHEMA_VERSION = 2
 
 
 def stored_model(schema: pa.Schema) -> str:
@@ -448,7 +449,7 @@ class LanceVectorStore:
                 .to_batches(batch_size=SCAN_BATCH_ROWS)
             )
             for batch in scan:
-                ranking.add(batch)
+                ranking.add_batch(batch)
             return ranking.best
 
         best = self._run(rank)
@@ -714,35 +715,15 @@ def _ref(row: Mapping[str, Any]) -> EntryRef:
     )
 
 
-class _Ranking:
-    """The ``limit`` nearest ids to each query vector (cosine distance, ties by id) of the
-    batches seen so far."""
+class _Ranking(NearestIds):
+    """``NearestIds`` fed with the table's record batches."""
 
-    def __init__(self, queries: np.ndarray[Any, np.dtype[np.float32]], limit: int) -> None:
-        self._queries = queries
-        self._norms = np.linalg.norm(queries, axis=1)
-        self._limit = limit
-        self.best: list[list[tuple[float, str]]] = [[] for _ in range(len(queries))]
-
-    def add(self, batch: pa.RecordBatch) -> None:
+    def add_batch(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
-        ids = batch.column("id").to_pylist()
         dim = self._queries.shape[1]
         vectors = batch.column("vector").flatten().to_numpy().reshape(-1, dim)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            norms = np.outer(self._norms, np.linalg.norm(vectors, axis=1))
-            distances = 1.0 - (self._queries @ vectors.T) / norms
-        keep = min(self._limit, len(ids))
-        for query, row in enumerate(distances):
-            # A zero vector has no direction: LanceDB leaves it out of a cosine search too.
-            valid = np.flatnonzero(~np.isnan(row))
-            if len(valid) > keep:
-                # Every row that ties the keep-th nearest stays a candidate: ties go by id.
-                cut = np.partition(row[valid], keep - 1)[keep - 1]
-                valid = valid[row[valid] <= cut]
-            merged = self.best[query] + [(float(row[i]), ids[i]) for i in valid]
-            self.best[query] = sorted(merged)[: self._limit]
+        self.add(batch.column("id").to_pylist(), vectors)
 
 
 def table_model(path: Path, table: str = "embeddings") -> str:
@@ -758,15 +739,6 @@ def table_schema_version(path: Path, table: str = "embeddings") -> int:
 def drop_table(path: Path, table: str) -> None:
     with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
         lancedb.connect(path).drop_table(table)
-
-
-# The tables ``memproj replay embeddings`` rebuilds into, beside the live one: named
-# ``embeddings_replay_<%Y%m%d%H%M%S>_<hex>`` so that their age can be read from the name.
-REPLAY_PREFIX = "embeddings_replay_"
-
-
-def replay_table_name(now: datetime) -> str:
-    return f"{REPLAY_PREFIX}{now.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
 
 
 def replay_tables(path: Path) -> dict[str, datetime]:
@@ -805,3 +777,6 @@ class LanceShadows:
 
     def drop(self, name: str) -> None:
         drop_table(self._path, name)
+
+    def recorded(self, name: str = "embeddings") -> tuple[str, int]:
+        return table_model(self._path, name), table_schema_version(self._path, name)

@@ -8,7 +8,8 @@ thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
@@ -17,6 +18,24 @@ from topics.registry import escape_id
 
 EntryKind = Literal["memory", "message"]
 KINDS: tuple[EntryKind, ...] = ("memory", "message")
+
+# Where the vectors are kept (``MEMPROJ_VECTOR_STORE``): PostgreSQL's ``vector_entries``
+# (``projections.embeddings.postgres``), shared by every process, or an embedded LanceDB
+# directory on one node's disk (``projections.embeddings.lance``).
+VectorStoreKind = Literal["postgres", "lancedb"]
+
+# The version of a vector table's columns. 2: a memory's kind and scope (``memory_kind``,
+# ``scope``), which search filters by before ranking. Each store records it with its vectors
+# and refuses a table of another version (``VectorSchemaOutdated``) until it is rebuilt.
+SCHEMA_VERSION = 2
+
+# The tables ``memproj replay embeddings`` rebuilds into, beside the live one: named
+# ``embeddings_replay_<%Y%m%d%H%M%S>_<hex>`` so that their age can be read from the name.
+REPLAY_PREFIX = "embeddings_replay_"
+
+
+def replay_table_name(now: datetime) -> str:
+    return f"{REPLAY_PREFIX}{now.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
 
 
 def _part(text: str) -> str:
@@ -310,4 +329,24 @@ class VectorStore(Protocol):
 
     def replace_all(self, entries: Sequence[VectorEntry]) -> None:
         """Make ``entries`` the whole content (of every tenant) in one commit."""
+        ...
+
+
+class VectorTables(Protocol):
+    """The tables beside a live vector store: the rebuilds of ``memproj replay embeddings``
+    (an erasure reaches them too, and they are dropped once older than the rebuild grace
+    period), and what each table records."""
+
+    def tables(self) -> Mapping[str, datetime]:
+        """Every rebuild table, with when it was created."""
+        ...
+
+    def open(self, name: str) -> VectorStore:
+        """A rebuild table, whatever embedder it records."""
+        ...
+
+    def drop(self, name: str) -> None: ...
+
+    def recorded(self, name: str = "embeddings") -> tuple[str, int]:
+        """The embedder and the column version (``SCHEMA_VERSION``) a table records."""
         ...

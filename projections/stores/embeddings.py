@@ -27,7 +27,6 @@ from projections.stores.base import (
     DerivedStore,
     Erased,
     StoreResources,
-    StoreVolume,
     VectorShadows,
 )
 from topics.deletion import Tombstone
@@ -60,9 +59,10 @@ class EmbeddingsStore(DerivedStore):
     name = "embeddings"
     metrics_port = 9104
     deletion_slo_seconds = 900
-    single_writer = "the vector store's history purge assumes one writer process"
-    # LanceDB, in MEMPROJ_DATA_DIR/lancedb (``Settings.vector_store_path``).
-    volume = StoreVolume(name="vectors", claim="memproj-vectors", directory="lancedb")
+    # The vectors are in PostgreSQL (MEMPROJ_VECTOR_STORE=postgres): any number of writers,
+    # no files. With lancedb, one writer on a volume: ops/DEPLOY.md, "LanceDB instead".
+    single_writer = None
+    volume = None
 
     def __init__(
         self,

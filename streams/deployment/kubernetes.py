@@ -1,8 +1,8 @@
 """The Kubernetes manifests of every worker kind (``memproj deploy k8s``): one Deployment and
 one PodDisruptionBudget per kind in ``workers/<kind>.yaml``, and the kustomization that lists
-them beside the hand-written manifests (the settings, secrets, volume claim, init job and the
-HTTP API). Every worker's Deployment is the same but for what the registry says of its kind:
-its name and port, whether it scales, and the store volumes it mounts."""
+them beside the hand-written manifests (the settings, secrets, init job and the HTTP API).
+Every worker's Deployment is the same but for what the registry says of its kind: its name
+and port, whether it scales, and the store volumes it mounts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ BEFORE_WORKERS = (
     "serviceaccount.yaml",
     "configmap.yaml",
     "secret.yaml",
-    "pvc.yaml",
     "job-init.yaml",
 )
 AFTER_WORKERS = ("api.yaml",)

@@ -169,14 +169,12 @@ def test_replicas_of_the_api_share_the_rate_limit_in_redis() -> None:
     assert urlsplit(environment["MEMPROJ_REDIS_URL"]).hostname == "redis"
 
 
-def test_the_api_reads_the_vector_store_read_only_once_the_embeddings_worker_made_it() -> None:
-    data_dir = API["environment"]["MEMPROJ_DATA_DIR"]
-    # The embeddings worker's volume (where it writes MEMPROJ_DATA_DIR/lancedb), read-only.
-    assert "memproj-data:/data" in SERVICES["memproj-embeddings"]["volumes"]
-    assert API["volumes"] == [f"memproj-data:{data_dir}:ro"]
+def test_the_api_reads_the_vector_store_once_the_embeddings_worker_made_it() -> None:
+    # The vectors are in PostgreSQL: the API mounts no worker's files.
+    assert "volumes" not in API
     assert API["depends_on"] == {
         "memproj-init": {"condition": "service_completed_successfully"},
-        # Read-only, the API cannot create the table: the worker has, once it is healthy
+        # A reader never creates the store: the worker has, once it is healthy
         # (test_the_embeddings_worker_is_healthy_once_its_vector_store_exists).
         "memproj-embeddings": {"condition": "service_healthy"},
     }

@@ -21,7 +21,7 @@ from streams.api.app import create_app
 from streams.api.services import build_services
 from streams.cli import cli
 from streams.settings import SECRET_FILE_SETTINGS, Settings, split_dsn_password
-from streams.worker import METRICS_PORTS, WORKER_KINDS
+from streams.worker import METRICS_PORTS, WORKER_KINDS, WORKERS
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "ops" / "k8s"
@@ -31,9 +31,8 @@ RESOURCE_FILES: list[str] = KUSTOMIZATION["resources"]
 # The oldest Kubernetes release the manifests are meant for, and the newest the package knows.
 KUBERNETES_VERSIONS = ("1.30.0", latest_version())
 
-# The kinds that open the embeddings worker's vector store: the worker itself, the deletion
-# worker's verification probe and the monitor's ghost audit (both through stores.open_all).
-VECTOR_STORE_KINDS = {"embeddings", "deletion", "monitor"}
+# The kinds that run one at a time (the registry says why: their duties run in every process).
+SINGLE_KINDS = {name for name, kind in WORKERS.kinds.items() if kind.single is not None}
 SECRETS_MOUNT = "/var/run/secrets/memproj"
 API = "memproj-api"  # the HTTP API's Deployment, Service and PodDisruptionBudget (api.yaml)
 MEMORY_LIMIT_BYTES = 512 * 2**20  # a worker's RSS target is 300 MB
@@ -182,13 +181,12 @@ def test_every_worker_deployment_is_the_same_but_for_its_own_parts() -> None:
     # Hand-written, one file per kind: this keeps the copies from drifting apart.
     for kind in WORKER_KINDS:
         assert skeleton(kind) == skeleton("memory"), kind
-    # The kinds that scale by partition roll over without a gap (the vector store's kinds
-    # are checked in test_the_vector_store_has_one_writer_and_is_shared_with_its_readers).
-    for kind in set(WORKER_KINDS) - VECTOR_STORE_KINDS:
-        assert deployment(kind)["spec"]["strategy"] == {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-        }, kind
+    # The kinds that scale by partition roll over without a gap; the single ones stop the old
+    # pod before the new one starts.
+    for kind in WORKER_KINDS:
+        rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        expected = {"type": "Recreate"} if kind in SINGLE_KINDS else rolling
+        assert deployment(kind)["spec"]["strategy"] == expected, kind
 
 
 def test_every_worker_kind_has_a_disruption_budget_for_its_pods() -> None:
@@ -285,41 +283,17 @@ def test_every_pod_runs_unprivileged_on_a_read_only_root_within_its_limits() -> 
             assert {data_dir, "/tmp"} <= paths, name
 
 
-VECTOR_STORE = str(Settings(data_dir=Path(CONFIG["MEMPROJ_DATA_DIR"])).vector_store_path)
-
-
-def on_the_embeddings_node(pod: dict[str, Any]) -> None:
-    """ReadWriteOnce: a reader of memproj-vectors must run on the node that mounts the claim."""
-    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert term["topologyKey"] == "kubernetes.io/hostname"
-    writer = deployment("embeddings")["spec"]
-    assert term["labelSelector"]["matchLabels"] == writer["selector"]["matchLabels"]
-
-
-def test_the_vector_store_has_one_writer_and_is_shared_with_its_readers() -> None:
-    vector_store = VECTOR_STORE
-    claim = the("PersistentVolumeClaim", "memproj-vectors")
-    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-    writer = deployment("embeddings")["spec"]
-    # Single writer: one pod, and the old one stops before the new one starts.
-    assert writer["replicas"] == 1 and writer["strategy"] == {"type": "Recreate"}
-    for kind in WORKER_KINDS:
-        spec = deployment(kind)["spec"]
-        pod = spec["template"]["spec"]
-        claims = {
-            v["name"]: v["persistentVolumeClaim"]["claimName"]
-            for v in pod["volumes"]
-            if "persistentVolumeClaim" in v
-        }
-        (container,) = pod["containers"]
-        mounted = {m["mountPath"]: claims.get(m["name"]) for m in container["volumeMounts"]}
-        if kind not in VECTOR_STORE_KINDS:
-            assert not claims, kind
-            continue
-        assert mounted[vector_store] == "memproj-vectors", kind
-        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, kind
-        if kind != "embeddings":
-            on_the_embeddings_node(pod)
+def test_no_pod_keeps_state_on_a_volume_claim() -> None:
+    """The vectors are in PostgreSQL (MEMPROJ_VECTOR_STORE, postgres in configmap.yaml): no
+    claim, no pod bound to another's node, and the embeddings worker scales by partition."""
+    assert CONFIG["MEMPROJ_VECTOR_STORE"] == "postgres"
+    assert not [doc for doc in ALL if doc["kind"] == "PersistentVolumeClaim"]
+    pods = {kind: deployment(kind)["spec"]["template"]["spec"] for kind in WORKER_KINDS}
+    pods[API] = api_pod()
+    for name, pod in pods.items():
+        assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v], name
+        assert "podAffinity" not in pod.get("affinity", {}), name
+    assert "embeddings" not in SINGLE_KINDS
 
 
 def test_the_init_job_creates_the_topics_then_applies_the_migrations() -> None:
@@ -418,20 +392,6 @@ def test_the_service_sends_its_port_to_the_api_pods() -> None:
     assert named[port["targetPort"]] == int(CONFIG["MEMPROJ_API_PORT"])
     services = [doc["metadata"]["name"] for doc in ALL if doc["kind"] == "Service"]
     assert services == [API]
-
-
-def test_the_api_reads_the_vector_store_read_only_on_the_embeddings_node() -> None:
-    pod = api_pod()
-    claims = {
-        v["name"]: v["persistentVolumeClaim"]["claimName"]
-        for v in pod["volumes"]
-        if "persistentVolumeClaim" in v
-    }
-    (mount,) = [m for m in api_container()["volumeMounts"] if m["mountPath"] == VECTOR_STORE]
-    assert claims[mount["name"]] == "memproj-vectors"
-    # Search reads the store; only the embeddings worker writes it.
-    assert mount["readOnly"] is True
-    on_the_embeddings_node(pod)
 
 
 def test_the_api_grace_period_outlasts_its_longest_request() -> None:

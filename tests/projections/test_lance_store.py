@@ -18,7 +18,6 @@ from projections.embeddings.lance import (
     DIM_KEY,
     INDEXED_COLUMNS,
     MODEL_KEY,
-    SCHEMA_VERSION,
     LanceVectorStore,
     indexes_behind,
     lance_schema,
@@ -28,6 +27,7 @@ from projections.embeddings.lance import (
     table_model,
 )
 from projections.embeddings.vectors import (
+    SCHEMA_VERSION,
     EmbedderMismatch,
     Match,
     MemoryOnly,

@@ -1,11 +1,12 @@
 """The vector store's contract (tests/support/contracts/vectors.py) on each backend: the
-in-memory fake without services, LanceDB on disk under the integration marker (its own
-behaviour beyond the port: test_lance_store.py). Also the entry ids, and the embeddings
-store's opening of the vectors on first use."""
+in-memory fake without services, LanceDB on disk and PostgreSQL under the integration marker
+(their own behaviour beyond the port: test_lance_store.py, test_postgres_vectors.py). Also
+the entry ids, and the embeddings store's opening of the vectors on first use."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -14,13 +15,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
-from projections.embeddings.vectors import VectorStore, memory_entry_id, message_entry_id
+from projections.embeddings.postgres import Pool
+from projections.embeddings.vectors import (
+    VectorStore,
+    memory_entry_id,
+    message_entry_id,
+    replay_table_name,
+)
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
 from projections.stores.embeddings import EmbeddingsStore
+from streams.settings import Settings
 from support.contracts.vectors import RebuildTables, VectorStoreContract
 from support.fakes.vectors import InMemoryShadows, InMemoryVectorStore
-from support.vector_entries import EMBEDDER, T0
+from support.vector_entries import EMBEDDER, T0, postgres_vectors
 
 
 class TestInMemoryVectorStore(VectorStoreContract):
@@ -48,13 +56,43 @@ class TestLanceVectorStore(VectorStoreContract):
 
     @pytest.fixture
     def shadows(self, store: VectorStore, tmp_path: Path) -> RebuildTables:
-        from projections.embeddings.lance import LanceShadows, replay_table_name
+        from projections.embeddings.lance import LanceShadows
 
         class LanceRebuilds(LanceShadows):
             def create(self, created: datetime) -> VectorStore:
                 return self.open(replay_table_name(created))
 
         return LanceRebuilds(tmp_path / "vectors", EMBEDDER.dim, model=EMBEDDER.name)
+
+
+@pytest.mark.integration
+class TestPostgresVectorStore(VectorStoreContract):
+    # PostgreSQL's text holds no NUL character (the contract's codec refuses one first).
+    unstorable = frozenset({"nul\x00byte"})
+    # A removed row is a dead tuple, out of every reader's reach at the commit (the purge of
+    # the PostgreSQL tables vacuums it).
+    keeps_versions = False
+
+    @pytest.fixture
+    def pool(self, stack: Settings) -> Iterator[Pool]:
+        with postgres_vectors(stack) as pool:
+            yield pool
+
+    @pytest.fixture
+    def store(self, pool: Pool) -> VectorStore:
+        from projections.embeddings.postgres import PostgresVectorStore
+
+        return PostgresVectorStore(pool, EMBEDDER.dim, model=EMBEDDER.name)
+
+    @pytest.fixture
+    def shadows(self, store: VectorStore, pool: Pool) -> RebuildTables:
+        from projections.embeddings.postgres import PostgresCollections
+
+        class PostgresRebuilds(PostgresCollections):
+            def create(self, created: datetime) -> VectorStore:
+                return self.create_collection(replay_table_name(created), created)
+
+        return PostgresRebuilds(pool, EMBEDDER.dim, model=EMBEDDER.name)
 
 
 def test_entry_ids_name_the_kind_tenant_and_source() -> None:

@@ -11,14 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from projections.embeddings.factory import WORDLLAMA_NAME
-from projections.embeddings.lance import table_model
 from projections.embeddings.vectors import EmbedderMismatch, Match
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.cli import cli
 from streams.replay import replay_embeddings
 from streams.sample import EventFactory
-from streams.services import open_vector_store
+from streams.services import open_vector_store, open_vector_tables
 from streams.settings import Settings
 from support.embedders import embedder_of, vectors_of
 from topics.registry import MEMORY_EVENTS
@@ -62,7 +61,7 @@ def test_a_model_change_is_refused_until_the_rebuild_swaps_it_in(env: Any) -> No
     workers = env.start("memory", "embeddings")
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     indexed(env, hashing, 2)
-    assert table_model(hashing.vector_store_path) == "hashing/256"
+    assert open_vector_tables(hashing).recorded()[0] == "hashing/256"
     workers["embeddings"].stop()
 
     # Configured for another model: the worker exits and the reads refuse, naming both.
@@ -85,7 +84,7 @@ def test_a_model_change_is_refused_until_the_rebuild_swaps_it_in(env: Any) -> No
     report = asyncio.run(replay_embeddings(wordllama))
     assert report.differences == {} and report.swapped, report.to_json()
     assert report.model_change == ("hashing/256", WORDLLAMA_NAME)
-    assert table_model(wordllama.vector_store_path) == WORDLLAMA_NAME
+    assert open_vector_tables(wordllama).recorded()[0] == WORDLLAMA_NAME
     assert recalled(env, wordllama, "wants invoices by mail") == ["mem_receipts"]
     with pytest.raises(EmbedderMismatch, match=f"embedder {WORDLLAMA_NAME}"):
         vectors_of(hashing)

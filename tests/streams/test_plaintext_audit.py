@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 from redis import Redis
 
+from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry
 from projections.sealing.crypto import new_data_key, parse_master_key
 from projections.sealing.fields import EntityRef, seal, sealing_keys
@@ -40,7 +41,6 @@ from streams.audit.stores import file_holds, namespace_pattern
 from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
-from support.embedders import vectors_of
 from support.new_event_type import register_reviews, reviewed
 from topics.registry import (
     CONVERSATION_REJECTIONS,
@@ -270,7 +270,9 @@ def _plant_redis_and_files(env: Any, marker: str) -> None:
     left.parent.mkdir(parents=True, exist_ok=True)
     left.write_bytes(json.dumps({"text": marker}).encode())  # \u escapes, as Python writes
     # Enough entries that LanceDB compresses the text column: no byte search finds it there.
-    store = vectors_of(env.settings)
+    # LanceDB's files, whichever store the workers use: the audit reads every table version.
+    model = env.settings.embedder_identity
+    store = LanceVectorStore(env.settings.vector_store_path, model.dim, model=model.name)
     now = datetime.now(UTC)
     store.upsert(
         [

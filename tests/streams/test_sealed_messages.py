@@ -13,8 +13,7 @@ import orjson
 import pytest
 
 from projections.conversation.published import PublishedMessage, parse_record
-from projections.embeddings.lance import LanceVectorStore
-from projections.embeddings.vectors import Match, message_entry_id
+from projections.embeddings.vectors import Match, VectorStore, message_entry_id
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore
@@ -29,7 +28,7 @@ BOB_SAYS = "BOB-SEALED-2a9e: the ferry to Helsinki is my favourite"
 LEGACY_SAYS = "BOB-LEGACY-5d1b: written before the topic was sealed"
 
 
-def vectors(env: Any) -> LanceVectorStore:
+def vectors(env: Any) -> VectorStore:
     return vectors_of(env.settings)
 
 

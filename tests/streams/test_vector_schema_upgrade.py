@@ -12,11 +12,10 @@ import lancedb
 import pytest
 
 from projections.embeddings.lance import (
-    SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     table_schema_version,
 )
-from projections.embeddings.vectors import Match, VectorSchemaOutdated
+from projections.embeddings.vectors import SCHEMA_VERSION, Match, VectorSchemaOutdated
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.replay import replay_embeddings
@@ -57,6 +56,8 @@ def as_version_1(settings: Settings) -> None:
 def test_a_table_of_the_previous_schema_is_refused_until_the_rebuild_swaps_it_in(
     env: Any,
 ) -> None:
+    # LanceDB's table of the previous memproj (PostgreSQL's: test_postgres_vectors.py).
+    env.settings = env.settings.model_copy(update={"vector_store": "lancedb"})
     f = EventFactory()
     env.produce_events(
         [

@@ -18,7 +18,9 @@ from streams.worker import CONSUMING_KINDS, WORKER_KINDS, consumers_per_worker
 def test_each_agent_of_a_worker_has_a_consumer_of_its_own(kind: str, tmp_path: Path) -> None:
     """A store's tombstones never share a consumer with its feed, and the benchmark's and an
     operator's count of group members per worker (``consumers_per_worker``) is what is built."""
-    settings = Settings(data_dir=tmp_path, environment="local")
+    # LanceDB: the embeddings worker opens its vector store as it is built, and this test
+    # needs no service.
+    settings = Settings(data_dir=tmp_path, environment="local", vector_store="lancedb")
 
     async def build() -> list[BatchConsumers]:
         parts = WORKER_KINDS[kind](settings, Metrics(CollectorRegistry()))

@@ -20,8 +20,7 @@ from conftest import settings_environment
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.deletion import queries as ledger
-from projections.embeddings.lance import LanceVectorStore
-from projections.embeddings.vectors import Match
+from projections.embeddings.vectors import Match, VectorStore
 from projections.memory.store import RecallQuery
 from projections.stores import STORES, DerivedStore
 from streams import reads
@@ -91,7 +90,7 @@ def seed(env: Any, f: EventFactory, tenant: str = "acme") -> None:
     )
 
 
-def vectors(env: Any) -> LanceVectorStore:
+def vectors(env: Any) -> VectorStore:
     return vectors_of(env.settings)
 
 

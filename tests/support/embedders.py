@@ -7,7 +7,8 @@ from functools import cache
 
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.factory import EmbedderKind, build_embedder
-from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.vectors import VectorStore
+from streams.services import open_vector_store
 from streams.settings import Settings
 
 
@@ -21,6 +22,6 @@ def embedder_of(settings: Settings) -> Embedder:
     return loaded_embedder(settings.embedder, settings.embedding_dim)
 
 
-def vectors_of(settings: Settings) -> LanceVectorStore:
-    model = settings.embedder_identity
-    return LanceVectorStore(settings.vector_store_path, model.dim, model=model.name)
+def vectors_of(settings: Settings) -> VectorStore:
+    """The vector store the settings' workers write (``MEMPROJ_VECTOR_STORE``)."""
+    return open_vector_store(settings)

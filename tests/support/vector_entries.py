@@ -1,18 +1,25 @@
-"""Vector-store entries for the tests of the LanceDB store: a memory's or a message's entry
-with a real embedding, at fixed times; and the ``store`` fixture (a pytest plugin of
-tests/conftest.py)."""
+"""Vector-store entries for the tests of the vector stores: a memory's or a message's entry
+with a real embedding, at fixed times; the ``store`` fixture (a pytest plugin of
+tests/conftest.py); and a PostgreSQL schema of its own for a PostgreSQL store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.postgres import Pool, open_pool
 from projections.embeddings.vectors import VectorEntry, memory_entry_id, message_entry_id
+from projections.migrate import migrate
+from streams.settings import Settings
 
 EMBEDDER = HashingEmbedder()
 T0 = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -82,3 +89,29 @@ def ids(entries: Iterable[VectorEntry]) -> set[str]:
 def store(tmp_path: Path) -> LanceVectorStore:
     """An empty LanceDB vector store on disk, for the embedder the entries use."""
     return LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
+
+
+@contextlib.contextmanager
+def postgres_vectors(stack: Settings) -> Iterator[Pool]:
+    """A pool on a schema of its own, migrated (the vector tables only: no Kafka), dropped
+    afterwards."""
+    schema = f"t_vectors_{uuid.uuid4().hex[:10]}"
+    dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
+    dsn += f"options=-csearch_path%3D{schema}"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        asyncio.run(_migrate(dsn))
+        pool = open_pool(dsn, size=2)
+        try:
+            yield pool
+        finally:
+            pool.close()
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def _migrate(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await migrate(conn)

@@ -14,10 +14,12 @@ from conftest import Env
 from pydantic import SecretStr
 
 from projections.access.proposals import PROPOSE
+from projections.embeddings.vectors import VectorStoreMissing
 from streams.api.app import create_app
 from streams.api.services import build_services
 from streams.kafka_security import SaslMechanism, SecurityProtocol
 from streams.sample import EventFactory
+from streams.services import open_vector_store
 from streams.settings import Settings
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE
@@ -71,7 +73,8 @@ def test_search_before_the_vector_store_exists_is_a_503_and_recall_still_answers
     assert search.json()["error"]["code"] == "vector_store_unavailable"
     assert str(env.settings.data_dir) not in search.text  # the detail is the operator's log
     assert recall.status_code == 200, recall.text
-    assert not (env.settings.vector_store_path / "embeddings.lance").exists()
+    with pytest.raises(VectorStoreMissing):
+        open_vector_store(env.settings, create=False)
 
 
 @pytest.mark.integration

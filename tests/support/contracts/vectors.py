@@ -3,7 +3,7 @@ selecting, searching, scanning, the history an erasure must purge, one entry per
 id, and what a tombstone must leave unreachable through the embeddings store.
 
 Run against the in-memory fake (tests/projections/test_vector_store.py) and against LanceDB
-(the same module, under the integration marker); a new adapter subclasses
+and PostgreSQL (the same module, under the integration marker); a new adapter subclasses
 ``VectorStoreContract`` and gives ``store`` and ``shadows``.
 """
 
@@ -174,7 +174,14 @@ REMOVALS = {
 
 class VectorStoreContract:
     """Every ``VectorStore``. ``store``: an empty store for ``EMBEDDER``'s vectors;
-    ``shadows``: the rebuild tables beside it."""
+    ``shadows``: the rebuild tables beside it; ``keeps_versions``: whether it keeps old
+    versions until a purge; ``unstorable``: the identifiers of ``NASTY``
+    its engine cannot hold, which it refuses with a ValueError, storing nothing."""
+
+    unstorable: frozenset[str] = frozenset()
+    # Whether the store keeps its table's old versions (LanceDB's, the fake's) until
+    # ``purge_history``; one that keeps none has nothing for ``history_find`` to find.
+    keeps_versions = True
 
     @pytest.fixture
     def store(self) -> VectorStore:
@@ -454,6 +461,11 @@ class VectorStoreContract:
         store.upsert([secret, kept])
         store.remove(Match("tenant-a", memory_ids=("m1",)))
         removed = Match("tenant-a", memory_ids=("m1",))
+        if not self.keeps_versions:
+            # Gone at the removal's commit: no version of the table is left to hold it.
+            assert store.history_find(removed) == [] and store.history_versions() == 0
+            assert store.find(removed) == [] and store.get("tenant-a", [secret.id]) == []
+            return
         assert {entry for _, entry in store.history_find(removed)} == {secret}
 
         store.purge_history()
@@ -675,6 +687,9 @@ class VectorStoreContract:
         erased = asyncio.run(embeddings.erase_many(batch))
 
         assert [e.removed for e in erased] == [1, 1]
+        if not self.keeps_versions:
+            assert all(e.reachable == [] for e in erased)  # no version left to purge
+            return
         assert all(e.reachable and e.reachable[-1].endswith("old table versions") for e in erased)
 
     # -- selecting -----------------------------------------------------------------------
@@ -706,6 +721,11 @@ class VectorStoreContract:
             memory("m2", "the nasty one", tenant_id="x"),
             memory(nasty + "2", "the nasty one", tenant_id=nasty, subject=(nasty, nasty + "2")),
         ]
+        if nasty in self.unstorable:
+            with pytest.raises(ValueError, match=r"cannot store"):
+                store.upsert([*bystanders[:2], victim])
+            assert store.count() == 0
+            return
         store.upsert([victim, *bystanders])
 
         assert store.get(nasty, [victim.id]) == [victim]
