@@ -208,7 +208,9 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         unreadable = set(sealed.erased_at)
         while True:
             read = [
-                self.sealer.as_read_from_the_log(sealed.messages[i]) if i in unreadable else e
+                self.sealer.as_read_from_the_log(sealed.messages[i])
+                if i in unreadable
+                else self.sealer.stamped(e, state.sealing)
                 for i, e in enumerate(events)
             ]
             outcome = self.projection.reduce(read, state.projection, seen)  # type: ignore[arg-type]
