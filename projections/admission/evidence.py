@@ -33,13 +33,16 @@ def cited_evidence(
     events: Sequence[MemoryEvent], stored: Mapping[tuple[str, str], tuple[str, ...]]
 ) -> dict[EventKey, tuple[str, ...]]:
     """Per event, the evidence its decision is about: a proposal's own ids; a correction's or
-    a verification's, its memory's (a proposal earlier in the batch, else ``stored``)."""
+    a verification's, its memory's (``stored``: the memories that exist, else the batch's
+    first proposal of it)."""
     latest: dict[tuple[str, str], tuple[str, ...]] = {}
     cited: dict[EventKey, tuple[str, ...]] = {}
     for event in events:
         key = (event.tenant_id, event.memory_id)
         if isinstance(event, MemoryProposed):
-            latest[key] = event.payload.evidence_event_ids
+            if key not in stored and key not in latest:
+                # The batch's first proposal of a new memory is the one that can make it.
+                latest[key] = event.payload.evidence_event_ids
             cited[event.tenant_id, event.event_id] = event.payload.evidence_event_ids
         else:
             cited[event.tenant_id, event.event_id] = latest.get(key, stored.get(key, ()))

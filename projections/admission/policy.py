@@ -79,7 +79,7 @@ def no_policy(tenant_id: str) -> Policy:
 
 
 class _Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class RuleDocument(_Document):
