@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from projections.admission import store as admission_store
@@ -127,7 +127,9 @@ class MemoryProjection:
         conversation's), and those keys are among the ones ``state`` was read for."""
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         if not await deletion_store.erasures_changed(conn, state.read):
-            return state
+            # The stamps may name a policy version set since the state was read.
+            policies = await self._policies.policies(conn, events)
+            return state if policies == state.policies else replace(state, policies=policies)
         return await self.load(conn, events)
 
     async def state_of(
