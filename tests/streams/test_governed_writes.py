@@ -8,20 +8,30 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import orjson
 import psycopg
 import pytest
+from click.testing import CliRunner
+from conftest import settings_environment
 
 from projections import migrate
+from projections.admission import flags as evidence_flags
 from projections.admission import store as admission_store
 from projections.admission.invariants import VersionFacts, violations
 from projections.admission.policy import parse_document
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams import reads
+from streams.cli import cli
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.worker import memory_projection
-from topics.registry import CONVERSATION_EVENTS, MEMORY_CURRENT, MEMORY_REJECTIONS
+from topics.registry import (
+    CONVERSATION_EVENTS,
+    DELETION_REQUESTS,
+    MEMORY_CURRENT,
+    MEMORY_REJECTIONS,
+)
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -195,3 +205,75 @@ def assert_invariant(env: Any) -> None:
     wanted = {(f.tenant_id, f.policy_version or 0) for f in facts}
     policies = run(env, lambda c: admission_store.load_policies(c, wanted))
     assert violations(facts, policies, lambda tenant, event: event in held) == []
+
+
+def test_memories_citing_erased_evidence_are_flagged(env: Any) -> None:
+    f = EventFactory(clock=datetime.now(UTC) - timedelta(minutes=5))
+    bob_said = f.message("acme", "c_bob", "x1", "user", "Alice moved to Oslo")
+    env.produce_events([f.started("acme", "c_bob", ("user", "bob")), bob_said], CONVERSATION_EVENTS)
+    env.produce_events(
+        [
+            f.proposed(
+                "acme",
+                "m_city",
+                ALICE,
+                {"text": "lives in Oslo"},
+                source=("crm", "r1"),
+                evidence=[bob_said["event_id"]],
+            ),
+            f.proposed("acme", "m_tea", ALICE, {"text": "likes tea"}, source=("crm", "r2")),
+        ]
+    )
+    env.start("memory", "conversation", "deletion")
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    env.wait_caught_up()
+    e = EventFactory(id_prefix="erase", clock=datetime.now(UTC))
+    env.produce_events(
+        [e.deletion("acme", "d1", {"type": "subject", "id": "bob", "subject_type": "user"})],
+        DELETION_REQUESTS,
+    )
+    flags = env.wait_until(
+        lambda: run(env, lambda c: evidence_flags.flags_of(c, "acme", "m_city")),
+        "the memory citing the erased message to be flagged",
+    )
+    assert [(flag.event_id, flag.deletion_id) for flag in flags] == [(bob_said["event_id"], "d1")]
+    assert run(env, lambda c: evidence_flags.flags_of(c, "acme", "m_tea")) == []
+    assert run(env, evidence_flags.flagged_memories) == 1
+    shown = CliRunner().invoke(
+        cli,
+        ["memory", "show", "--tenant", "acme", "--memory-id", "m_city"],
+        env=settings_environment(env.settings),
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"FLAGGED: cited evidence {bob_said['event_id']} erased by d1" in shown.output
+
+
+def test_the_policy_commands_set_show_clear_and_list(env: Any, tmp_path: Any) -> None:
+    run(env, migrate.migrate)
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "default: admit\nrules:\n  - kind: risk\n    decision: review\n"
+        "  - kind: fact\n    scope: billing\n    decision: admit\n    evidence_required: true\n"
+    )
+    environment = settings_environment(env.settings)
+
+    def memproj(*args: str) -> str:
+        result = CliRunner().invoke(cli, list(args), env=environment)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    set_out = orjson.loads(
+        memproj("policy", "set", "--tenant", "acme", "--file", str(path), "--by", "ops")
+    )
+    assert (set_out["version"], set_out["created_by"]) == (1, "ops")
+    assert "evidence_required: true" in memproj("policy", "show", "--tenant", "acme")
+    assert orjson.loads(memproj("policy", "clear", "--tenant", "acme"))["cleared"] is True
+    history = orjson.loads(memproj("policy", "history", "--tenant", "acme"))
+    assert [(h["version"], h["cleared"]) for h in history] == [(1, False), (2, True)]
+    assert "risk" in memproj("policy", "show", "--tenant", "acme", "--version", "1")
+    assert memproj("policy", "list").startswith("acme\tv2\t")
+    path.write_text("rules:\n  - kind: risk\n    decision: perhaps\n")
+    refused = CliRunner().invoke(
+        cli, ["policy", "set", "--tenant", "acme", "--file", str(path)], env=environment
+    )
+    assert refused.exit_code != 0 and "decision" in refused.output
