@@ -361,3 +361,63 @@ async def checksums(conn: Conn) -> dict[str, TenantChecksum]:
     return {
         row[0]: TenantChecksum(int(row[1]), int(row[2]), row[3]) for row in await cursor.fetchall()
     }
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReview:
+    """A version held for review: what a reviewer decides on, beside what is served now."""
+
+    held: VersionEntry
+    # The version served meanwhile (a held correction's predecessor), if any.
+    served: MemoryRecord | None
+
+
+async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[PendingReview]:
+    """The tenant's versions held for review, oldest first."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at, v.event_type, v.occurred_at,"
+            " v.actor_type, v.actor_id, v.policy_version, v.review_rule,"
+            " m.status AS row_status, m.head_version"
+            " FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
+            " AND v.memory_id = m.memory_id"
+            " AND v.version = coalesce(m.head_version, m.version)"
+            " WHERE m.tenant_id = %(tenant)s AND (m.status = 'pending_review'"
+            " OR m.head_status = 'pending_review')"
+            " ORDER BY v.occurred_at, v.memory_id LIMIT %(limit)s",
+            {"tenant": tenant_id, "limit": limit},
+        )
+        rows = await cursor.fetchall()
+    served = await load_records(
+        conn, [(tenant_id, row["memory_id"]) for row in rows if row["head_version"] is not None]
+    )
+    return [
+        PendingReview(
+            VersionEntry(
+                record=record_from_row(row),
+                event_id=row["last_event_id"],
+                event_type=row["event_type"],
+                occurred_at=row["occurred_at"],
+                actor_type=row["actor_type"],
+                actor_id=row["actor_id"],
+                superseded_at=None,
+                policy_version=row["policy_version"],
+                review_rule=row["review_rule"],
+            ),
+            served.get((tenant_id, row["memory_id"])) if row["head_version"] is not None else None,
+        )
+        for row in rows
+    ]
+
+
+async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]]:
+    """Per tenant: how many versions await review and the oldest one's age in seconds."""
+    cursor = await conn.execute(
+        "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(v.occurred_at))"
+        " FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
+        " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version)"
+        " WHERE m.status = 'pending_review' OR m.head_status = 'pending_review'"
+        " GROUP BY m.tenant_id",
+        (now,),
+    )
+    return {str(r[0]): (int(r[1]), float(r[2])) for r in await cursor.fetchall()}

@@ -154,6 +154,17 @@ def test_held_writes_are_never_served_until_approved(env: Any) -> None:
         ("m_secret", "kind_not_admitted"),
         ("m_summary", "derived_evidence"),
     ]
+    pending = run(env, lambda c: store.pending_reviews(c, "acme"))
+    assert [
+        (p.held.record.memory_id, p.held.record.version, p.held.review_rule) for p in pending
+    ] == [
+        ("m_risk", 1, "policy:risk"),
+        ("m_poison", 1, "instruction:approval_waived"),
+        ("m_pref", 2, "instruction:ignore_previous"),
+    ]
+    assert pending[2].served is not None and pending[2].served.value == {"text": "likes tea"}
+    queue = run(env, lambda c: store.review_queue(c, datetime.now(UTC)))
+    assert queue["acme"][0] == 3 and queue["acme"][1] > 0
     history = run(env, lambda c: store.load_history(c, "acme", "m_poison"))
     assert [(h.record.status, h.policy_version, h.review_rule) for h in history] == [
         ("pending_review", 1, "instruction:approval_waived")
