@@ -372,6 +372,14 @@ class PendingReview:
     served: MemoryRecord | None
 
 
+# The version held for review of every memory that has one (its row, or the head above it).
+_HELD_VERSIONS = (
+    "FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
+    " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version)"
+    " WHERE (m.status = 'pending_review' OR m.head_status = 'pending_review')"
+)
+
+
 async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[PendingReview]:
     """The tenant's versions held for review, oldest first."""
     async with conn.cursor(row_factory=dict_row) as cursor:
@@ -379,11 +387,7 @@ async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[
             f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at, v.event_type, v.occurred_at,"
             " v.actor_type, v.actor_id, v.policy_version, v.review_rule,"
             " m.status AS row_status, m.head_version"
-            " FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
-            " AND v.memory_id = m.memory_id"
-            " AND v.version = coalesce(m.head_version, m.version)"
-            " WHERE m.tenant_id = %(tenant)s AND (m.status = 'pending_review'"
-            " OR m.head_status = 'pending_review')"
+            f" {_HELD_VERSIONS} AND m.tenant_id = %(tenant)s"
             " ORDER BY v.occurred_at, v.memory_id LIMIT %(limit)s",
             {"tenant": tenant_id, "limit": limit},
         )
@@ -414,10 +418,7 @@ async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]
     """Per tenant: how many versions await review and the oldest one's age in seconds."""
     cursor = await conn.execute(
         "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(v.occurred_at))"
-        " FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
-        " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version)"
-        " WHERE m.status = 'pending_review' OR m.head_status = 'pending_review'"
-        " GROUP BY m.tenant_id",
+        f" {_HELD_VERSIONS} GROUP BY m.tenant_id",
         (now,),
     )
     return {str(r[0]): (int(r[1]), float(r[2])) for r in await cursor.fetchall()}
