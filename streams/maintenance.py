@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from projections import bookkeeping, rebuilds
 from projections.access import audit as read_audit
+from projections.admission import flags as evidence_flags
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
@@ -242,6 +243,8 @@ class LedgerMaintenance(Service):
             pending = await queries.pending_by_store(conn, self._clock())
             blocked = await queries.blocked_reads(conn)
             unpurged = await queries.unpurged_by_place(conn, self._clock())
+            flagged = await evidence_flags.flagged_memories(conn)
+        self._metrics.memories_evidence_erased.set(flagged)
         if self._purge is not None:
             self._metrics.unpurged_deletions(unpurged, self._purge.places)
         self._metrics.pending_deletions(pending, tuple(s.name for s in self._stores))

@@ -72,6 +72,24 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
+        self.admissions = Counter(
+            "memproj_admissions",
+            "admission decisions on memory writes under a policy, by decision and by what"
+            " decided (no_policy excluded; bounded: never the kind)",
+            ["decision", "kind_rule"],
+            registry=registry,
+        )
+        self.instruction_matches = Counter(
+            "memproj_instruction_matches",
+            "memory values held for review as active instructions, by the rule matched",
+            ["rule"],
+            registry=registry,
+        )
+        self.memories_evidence_erased = Gauge(
+            "memproj_memories_evidence_erased",
+            "memories whose cited evidence an erasure removed (flagged)",
+            registry=registry,
+        )
         self.tombstones_applied = Counter(
             "memproj_tombstones_applied",
             "tombstones a derived store has applied and acknowledged",
@@ -283,6 +301,12 @@ class Metrics:
 
     def redacted(self, kind: str, count: int) -> None:
         self.redactions.labels(kind).inc(count)
+
+    def admitted(self, decision: str, cause: str, count: int) -> None:
+        self.admissions.labels(decision, cause).inc(count)
+
+    def instruction_matched(self, rule: str, count: int) -> None:
+        self.instruction_matches.labels(rule).inc(count)
 
     def shredded(self, projection: str, count: int) -> None:
         if count:

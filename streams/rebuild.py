@@ -91,6 +91,7 @@ class _Chunk:
 
     outcome: BatchResult
     loaded: dict[MemoryKey, MemoryRecord]  # rows read back from the shadow
+    loaded_heads: dict[MemoryKey, MemoryRecord]  # their held heads
     keys: set[MemoryKey]  # every memory the chunk touched: known from now on
     claimed: dict[EventKey, bytes]  # other readers' claims it read
     erasures: tuple[int, int]
@@ -104,6 +105,8 @@ class MemoryRebuild:
     projection: MemoryProjection
     # The shadow's current records, as the last committed chunk left them.
     records: dict[MemoryKey, MemoryRecord] = field(default_factory=dict)
+    # The held or rejected heads above them, where there are.
+    heads: dict[MemoryKey, MemoryRecord] = field(default_factory=dict)
     # Keys whose row in the shadow is known (in ``records``, or known absent). Until an
     # erasure comes, every key is: the shadow started empty and only this rebuild wrote it.
     known: set[MemoryKey] = field(default_factory=set)
@@ -137,16 +140,24 @@ class MemoryRebuild:
             # An erasure may have removed rows held here from the shadow: they were read
             # again (``loaded``), and the rest is unknown until read.
             self.records.clear()
+            self.heads.clear()
             self.known.clear()
             self.every_key_known = False
         self.records.update(chunk.loaded)
+        self.heads.update(chunk.loaded_heads)
         self.records.update(chunk.outcome.records)
+        for key, head in chunk.outcome.heads.items():
+            if head is None:
+                self.heads.pop(key, None)
+            else:
+                self.heads[key] = head
         self.known |= chunk.keys
         if self.every_claim_held:
             self.seen.update(chunk.claimed)
         self.seen.update(((p.tenant_id, p.event_id), p.body_hash) for p in chunk.outcome.processed)
         if len(self.known) > self.held_limit:
             self.records.clear()
+            self.heads.clear()
             self.known.clear()
             self.every_key_known = False
         if len(self.seen) > self.held_limit:
@@ -168,12 +179,16 @@ class MemoryRebuild:
         erased_since = self.erasures is not None and digest != self.erasures
         keys = {(e.tenant_id, e.memory_id) for e in events}
         records: dict[MemoryKey, MemoryRecord] = {} if erased_since else self.records
+        heads: dict[MemoryKey, MemoryRecord] = {} if erased_since else self.heads
         loaded: dict[MemoryKey, MemoryRecord] = {}
+        loaded_heads: dict[MemoryKey, MemoryRecord] = {}
         if erased_since or not self.every_key_known:
             unknown = keys if erased_since else keys - self.known
             loaded = await store.load_records(conn, unknown)
+            loaded_heads = await store.load_heads(conn, loaded)
             records = records | loaded
-        state = await projection.state_of(conn, events, records)
+            heads = heads | loaded_heads
+        state = await projection.state_of(conn, events, records, heads)
         claimed: dict[EventKey, bytes] = {}
         if consult_claims:
             claimed = await bookkeeping.load_seen(
@@ -193,7 +208,7 @@ class MemoryRebuild:
             ],
         )
         await bookkeeping.save_offsets(conn, projection.name, _next_offsets(messages))
-        return _Chunk(outcome, loaded, keys, claimed, digest, erased_since)
+        return _Chunk(outcome, loaded, loaded_heads, keys, claimed, digest, erased_since)
 
     def _decode(
         self, messages: Sequence[InputMessage]

@@ -7,7 +7,7 @@ demo, the benchmark and the tests all build their input here so that there is on
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -56,6 +56,7 @@ class EventFactory:
         kind: str = "preference",
         source: tuple[str, str] = ("message", "conv_1/msg_1"),
         expires_at: datetime | None = None,
+        evidence: Sequence[str] = (),
     ) -> RawEvent:
         payload: RawEvent = {
             "memory_id": memory_id,
@@ -68,7 +69,30 @@ class EventFactory:
         }
         if expires_at is not None:
             payload["expires_at"] = iso(expires_at)
+        if evidence:
+            payload["evidence_event_ids"] = list(evidence)
         return self._envelope("memory.proposed", tenant_id, payload)
+
+    def reviewed(
+        self,
+        tenant_id: str,
+        memory_id: str,
+        reviewed_version: int,
+        decision: str = "approved",
+        *,
+        actor: tuple[str, str] = ("operator", "reviewer_1"),
+        note: str | None = None,
+    ) -> RawEvent:
+        payload: RawEvent = {
+            "memory_id": memory_id,
+            "reviewed_version": reviewed_version,
+            "decision": decision,
+        }
+        if note is not None:
+            payload["note"] = note
+        event = self._envelope("memory.reviewed", tenant_id, payload)
+        event["actor"] = {"type": actor[0], "id": actor[1]}
+        return event
 
     def verified(
         self,

@@ -273,6 +273,7 @@ def memory_projection(
         key_store(settings),
         metrics,
         stores,
+        metrics,
     )
 
 

@@ -12,7 +12,9 @@ from topics.envelope import EventLike, Frozen, Identifier, Source, Subject, Time
 # from an erased conversation) while the memory itself was not erased. It keeps the memory's
 # place in its history, so that a later correction from elsewhere still applies, and is never
 # served or published (``memory.current`` has a null for it, as for a revocation).
-MemoryStatus = Literal["proposed", "verified", "revoked", "erased"]
+# ``pending_review`` (held by the admission policy until a person reviews it) and ``rejected``
+# (a reviewer refused it) are never served either (contract 1.2).
+MemoryStatus = Literal["proposed", "verified", "revoked", "erased", "pending_review", "rejected"]
 # What recall, search, the context view, the cache and the vector store may serve.
 ELIGIBLE_STATUSES: tuple[MemoryStatus, ...] = ("verified", "proposed")
 # What a dead letter keeps of the original value and key: with base64's growth by a third and
@@ -59,6 +61,18 @@ class RejectionReason(StrEnum):
     REVOKED = "revoked"
     DUPLICATE_MISMATCH = "duplicate_mismatch"
     ERASED = "erased"
+    # Governed writes (contract 1.2).
+    KIND_NOT_ADMITTED = "kind_not_admitted"
+    REVIEW_NOT_ALLOWED = "review_not_allowed"
+    STALE_REVIEW = "stale_review"
+    EVIDENCE_UNAVAILABLE = "evidence_unavailable"
+    DERIVED_EVIDENCE = "derived_evidence"
+    # Additions to the contract's list: a grant whose value lacks the grant's shape; a
+    # verification of a version held for review (review it instead); a verification of a
+    # memory whose only version a reviewer rejected.
+    INVALID_GRANT = "invalid_grant"
+    PENDING_REVIEW = "pending_review"
+    REVIEW_REJECTED = "review_rejected"
     # Conversation reasons: an addition to the contract's list, on conversation.rejections.
     UNKNOWN_CONVERSATION = "unknown_conversation"
     CONVERSATION_EXISTS = "conversation_exists"

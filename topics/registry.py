@@ -98,7 +98,7 @@ def _dead_letter(source: TopicSpec) -> TopicSpec:
 MEMORY_EVENTS = _input(
     "memory.events",
     "tenant_id:memory_id",
-    "memory.proposed|verified|corrected|revoked",
+    "memory.proposed|verified|corrected|revoked|reviewed",
     DAY_MS,
 )
 CONVERSATION_EVENTS = _input(

@@ -483,3 +483,32 @@ async def memories_from_conversation(
             (tenant_id, conversation_id),
         )
         return [record_from_row(row) for row in await cursor.fetchall()]
+
+
+async def evidence_messages(
+    conn: Conn, tenant_id: str, event_ids: Iterable[str]
+) -> dict[str, bool]:
+    """Of these event ids, those of messages the tenant holds (applied, not erased): event id
+    -> whether the message is primary evidence (a user's message, or one holding a tool
+    result)."""
+    wanted = sorted(set(event_ids))
+    if not wanted:
+        return {}
+    cursor = await conn.execute(
+        "SELECT event_id, role = 'user' OR content @> '[{\"type\": \"tool_result\"}]'::jsonb"
+        " FROM conversation_messages WHERE tenant_id = %s AND event_id = ANY(%s)",
+        (tenant_id, wanted),
+    )
+    return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
+
+
+async def event_ids_of_conversations(
+    conn: Conn, tenant_id: str, conversations: Iterable[str]
+) -> list[str]:
+    """The event ids of every message of these conversations: what their erasure removes."""
+    cursor = await conn.execute(
+        "SELECT event_id FROM conversation_messages"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        (tenant_id, sorted(set(conversations))),
+    )
+    return [str(row[0]) for row in await cursor.fetchall()]

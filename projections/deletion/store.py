@@ -20,6 +20,7 @@ from typing import Any
 from projections import rebuilds
 from projections.access import audit as read_audit
 from projections.access import pauses
+from projections.admission import flags as evidence_flags
 from projections.bookkeeping import (
     Conn,
     copy_new_rows,
@@ -297,6 +298,11 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
     tenant = entry.tenant_id
     memories = list(entry.resolved.memories)
     conversations = list(entry.resolved.conversations)
+    # Memories that cited what goes are flagged, before it goes.
+    await evidence_flags.flag_erased_evidence(
+        conn, tenant, entry.deletion_id, memories, conversations
+    )
+    await evidence_flags.forget_memories(conn, tenant, memories)
     await conn.execute(
         "DELETE FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)", (tenant, memories)
     )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+from projections.admission import store as admission_store
+from projections.admission.policy import AdmissionObserver, Policy
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex
@@ -14,7 +16,13 @@ from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.current import current_message
-from projections.memory.reducer import BatchResult, MemoryKey, erasure_keys, reduce_batch
+from projections.memory.reducer import (
+    BatchResult,
+    MemoryKey,
+    PolicyKey,
+    erasure_keys,
+    reduce_batch,
+)
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
@@ -38,6 +46,31 @@ class MemoryState:
     erasures: ErasureIndex
     # What was read of the erasure index, for ``MemoryProjection.lock``'s re-check.
     read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
+    # The held or rejected heads above ``records`` (served versions).
+    heads: Mapping[MemoryKey, MemoryRecord] = field(default_factory=dict)
+    # The admission policies the events' stamps name.
+    policies: Mapping[PolicyKey, Policy] = field(default_factory=dict)
+
+
+class PolicyCache:
+    """Admission policies by (tenant, version): immutable once stored, so kept once read."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._known: dict[PolicyKey, Policy] = {}
+        self._limit = limit
+
+    async def policies(self, conn: Conn, events: Sequence[MemoryEvent]) -> dict[PolicyKey, Policy]:
+        wanted = {
+            (e.tenant_id, e.admission.policy_version)
+            for e in events
+            if e.admission is not None and e.admission.policy_version
+        }
+        missing = wanted - self._known.keys()
+        if missing:
+            if len(self._known) > self._limit:
+                self._known.clear()
+            self._known.update(await admission_store.load_policies(conn, missing))
+        return {key: self._known[key] for key in wanted if key in self._known}
 
 
 class MemoryProjection:
@@ -55,6 +88,7 @@ class MemoryProjection:
         keys: KeyStore,
         observer: RedactionObserver | None = None,
         stores: RequiredStores | None = None,
+        admissions: AdmissionObserver | None = None,
     ) -> None:
         accepted = frozenset(t for t in schemas.event_types() if t.startswith("memory."))
         self.codec = SealedCodec(EventCodec(schemas, accepted, {"value": max_value_bytes}), keys)
@@ -63,6 +97,8 @@ class MemoryProjection:
         self._revocation_deadline = revocation_deadline
         self._observer = observer
         self._stores = stores
+        self._policies = PolicyCache()
+        self._admissions = admissions
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -75,7 +111,8 @@ class MemoryProjection:
         """The batch's state, read without the tenant locks: ``lock`` tells whether it still
         holds once they are taken."""
         records = await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
-        return await self.state_of(conn, events, records)
+        heads = await store.load_heads(conn, records)
+        return await self.state_of(conn, events, records, heads)
 
     async def lock(
         self, conn: Conn, events: Sequence[MemoryEvent], state: MemoryState
@@ -90,28 +127,40 @@ class MemoryProjection:
         conversation's), and those keys are among the ones ``state`` was read for."""
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         if not await deletion_store.erasures_changed(conn, state.read):
-            return state
+            # The stamps may name a policy version set since the state was read.
+            policies = await self._policies.policies(conn, events)
+            return state if policies == state.policies else replace(state, policies=policies)
         return await self.load(conn, events)
 
     async def state_of(
-        self, conn: Conn, events: Sequence[MemoryEvent], records: Mapping[MemoryKey, MemoryRecord]
+        self,
+        conn: Conn,
+        events: Sequence[MemoryEvent],
+        records: Mapping[MemoryKey, MemoryRecord],
+        heads: Mapping[MemoryKey, MemoryRecord],
     ) -> MemoryState:
         """The state of a batch whose current records are known (``records``; a rebuild holds
         them in memory): the erasures that may cover its events, read in its transaction
         (a rebuild's after its tenant locks)."""
         keys = [
-            key
-            for event in events
-            for key in erasure_keys(event, records.get((event.tenant_id, event.memory_id)))
+            key for event in events for key in erasure_keys(event, _head(event, records, heads))
         ]
         read = await deletion_store.read_erasures(conn, keys)
-        return MemoryState(records, read.index, read)
+        policies = await self._policies.policies(conn, events)
+        return MemoryState(records, read.index, read, heads, policies)
 
     def reduce(
         self, events: Sequence[MemoryEvent], state: MemoryState, seen: dict[EventKey, bytes]
     ) -> BatchResult:
         return reduce_batch(
-            events, state.records, seen, state.erasures, self._revocation_deadline, self._stores
+            events,
+            state.records,
+            seen,
+            state.erasures,
+            self._revocation_deadline,
+            self._stores,
+            state.heads,
+            state.policies,
         )
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
@@ -139,3 +188,17 @@ class MemoryProjection:
         if self._observer is not None:
             for kind, count in outcome.redactions.items():
                 self._observer.redacted(kind, count)
+        if self._admissions is not None:
+            for (decision, cause), count in outcome.admissions.items():
+                self._admissions.admitted(decision, cause, count)
+            for rule, count in outcome.instruction_matches.items():
+                self._admissions.instruction_matched(rule, count)
+
+
+def _head(
+    event: MemoryEvent,
+    records: Mapping[MemoryKey, MemoryRecord],
+    heads: Mapping[MemoryKey, MemoryRecord],
+) -> MemoryRecord | None:
+    key = (event.tenant_id, event.memory_id)
+    return heads.get(key) or records.get(key)

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import singledispatch
 
+from projections.admission.decide import (
+    UNSTAMPED,
+    Verdict,
+    Write,
+    decide_verification,
+    decide_write,
+)
+from projections.admission.policy import Policy, no_policy
 from projections.deletion.erasure import (
     NO_ERASURES,
     EntityKey,
@@ -32,15 +40,21 @@ from projections.idempotency import (
 )
 from projections.redaction import Redactions, redact_personal
 from topics.memory import (
+    AdmissionStamp,
     MemoryCorrected,
     MemoryEvent,
     MemoryProposed,
+    MemoryReviewed,
     MemoryRevoked,
     MemoryVerified,
 )
-from topics.outputs import MemoryRecord, Rejection, RejectionReason
+from topics.outputs import MemoryRecord, MemoryStatus, Rejection, RejectionReason
 
 MemoryKey = tuple[str, str]  # (tenant_id, memory_id)
+PolicyKey = tuple[str, int]  # (tenant_id, policy version)
+# A head of these statuses leaves the version served before it served (contract 1.2).
+HELD_STATUSES: tuple[MemoryStatus, ...] = ("pending_review", "rejected")
+REVIEWER_TYPES = frozenset({"user", "operator"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +66,39 @@ class MemoryVersion:
     event_type: str
     actor_type: str
     actor_id: str
+    # The admission policy version the event was decided under (0: none), and the rule that
+    # held it for review, if one did.
+    policy_version: int = 0
+    review_rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Applied:
     version: MemoryVersion
+    verdict: Verdict | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What an event is decided under: the policy of its stamp's version, the stamp, and the
+    memory's served version (which a held head leaves in place)."""
+
+    policy: Policy
+    stamp: AdmissionStamp
+    served: MemoryRecord | None
+
+
+def admission_of(event: MemoryEvent, policies: Mapping[PolicyKey, Policy]) -> Admission:
+    """The admission of ``event`` without a served version (``reduce_batch`` adds it). A stamp
+    naming a policy version that is not stored (a projection built elsewhere) holds every
+    write for review rather than admit it unchecked."""
+    stamp = event.admission or UNSTAMPED
+    if stamp.policy_version == 0:
+        return Admission(no_policy(event.tenant_id), stamp, None)
+    policy = policies.get((event.tenant_id, stamp.policy_version))
+    if policy is None:
+        policy = Policy(event.tenant_id, stamp.policy_version, default="review")
+    return Admission(policy, stamp, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +121,9 @@ def _refuse(
     return Refused(Rejection.of(event, reason, details, subject))
 
 
-def _applied(event: MemoryEvent, record: MemoryRecord) -> Applied:
+def _applied(
+    event: MemoryEvent, record: MemoryRecord, admission: Admission, verdict: Verdict | None = None
+) -> Applied:
     return Applied(
         MemoryVersion(
             record=record,
@@ -87,8 +131,22 @@ def _applied(event: MemoryEvent, record: MemoryRecord) -> Applied:
             event_type=event.event_type,
             actor_type=event.actor.type,
             actor_id=event.actor.id,
-        )
+            policy_version=admission.policy.version,
+            review_rule=None if verdict is None else verdict.review_rule,
+        ),
+        verdict,
     )
+
+
+def _refused_by(event: MemoryEvent, verdict: Verdict, current: MemoryRecord | None) -> Refused:
+    assert verdict.reason is not None
+    return _refuse(event, verdict.reason, verdict.details, current)
+
+
+def status_under_admit(record: MemoryRecord) -> MemoryStatus:
+    """The status a held version would have had had it been admitted: verified when its
+    write said how it was verified."""
+    return "verified" if record.verification else "proposed"
 
 
 def _check_existing(
@@ -121,12 +179,15 @@ def _next_version(event: MemoryEvent, current: MemoryRecord, **changes: object) 
 
 
 @singledispatch
-def evolve(event: MemoryEvent, current: MemoryRecord | None) -> Decision:
+def evolve(event: MemoryEvent, current: MemoryRecord | None, admission: Admission) -> Decision:
+    """The decision on ``event`` given the memory's head (``current``: its latest version)."""
     raise TypeError(f"no reducer for {type(event).__name__}")
 
 
 @evolve.register
-def _proposed(event: MemoryProposed, current: MemoryRecord | None) -> Decision:
+def _proposed(
+    event: MemoryProposed, current: MemoryRecord | None, admission: Admission
+) -> Decision:
     if current is not None:
         return _refuse(
             event,
@@ -154,27 +215,84 @@ def _proposed(event: MemoryProposed, current: MemoryRecord | None) -> Decision:
         updated_at=event.occurred_at,
         last_event_id=event.event_id,
     )
-    return _applied(event, record)
+    verdict = decide_write(
+        Write(
+            kind=payload.kind,
+            scope=payload.scope,
+            value=payload.value,
+            source_type=payload.source.type,
+            expires_at=payload.expires_at,
+            evidence_event_ids=payload.evidence_event_ids,
+            verification=None,
+        ),
+        admission.stamp,
+        admission.policy,
+    )
+    return _admitted(event, record, admission, verdict, None)
+
+
+def _admitted(
+    event: MemoryEvent,
+    record: MemoryRecord,
+    admission: Admission,
+    verdict: Verdict,
+    current: MemoryRecord | None,
+) -> Decision:
+    if verdict.decision == "refuse":
+        return _refused_by(event, verdict, current)
+    if verdict.decision == "review":
+        record = record.model_copy(update={"status": "pending_review"})
+    return _applied(event, record, admission, verdict)
 
 
 @evolve.register
-def _verified(event: MemoryVerified, current: MemoryRecord | None) -> Decision:
+def _verified(
+    event: MemoryVerified, current: MemoryRecord | None, admission: Admission
+) -> Decision:
     checked = _check_existing(event, current, event.payload.expected_version)
     if isinstance(checked, Refused):
         return checked
+    if checked.status == "pending_review":
+        return _refuse(
+            event, RejectionReason.PENDING_REVIEW, "the memory's version awaits review", checked
+        )
+    base = checked
+    if checked.status == "rejected":
+        # A reviewer rejected the latest version: what is verified is the version still
+        # served, if there is one.
+        served = admission.served
+        if served is None or not served.servable:
+            return _refuse(
+                event, RejectionReason.REVIEW_REJECTED, "a reviewer rejected the memory", checked
+            )
+        base = served.model_copy(update={"version": checked.version})
+    verdict = decide_verification(
+        base.kind,
+        base.scope,
+        base.source.type,
+        base.evidence_event_ids,
+        admission.stamp,
+        admission.policy,
+    )
+    if verdict.decision == "refuse":
+        return _refused_by(event, verdict, checked)
     return _applied(
         event,
         _next_version(
             event,
-            checked,
+            base,
             status="verified",
-            verification=event.payload.verification or checked.verification,
+            verification=event.payload.verification or base.verification,
         ),
+        admission,
+        verdict,
     )
 
 
 @evolve.register
-def _corrected(event: MemoryCorrected, current: MemoryRecord | None) -> Decision:
+def _corrected(
+    event: MemoryCorrected, current: MemoryRecord | None, admission: Admission
+) -> Decision:
     checked = _check_existing(event, current, event.payload.expected_version)
     if isinstance(checked, Refused):
         return checked
@@ -183,34 +301,80 @@ def _corrected(event: MemoryCorrected, current: MemoryRecord | None) -> Decision
     # permanent by omission); an explicit null removes it; a timestamp replaces it.
     expires_at = payload.expires_at if payload.expiry_given else checked.expires_at
     # A new value needs its own evidence: it is verified only if the correction says how.
-    return _applied(
+    record = _next_version(
         event,
-        _next_version(
-            event,
-            checked,
-            value=payload.value,
-            source=payload.source,
-            observed_at=payload.observed_at,
-            expires_at=expires_at,
-            verification=payload.verification,
-            status="verified" if payload.verification else "proposed",
-        ),
+        checked,
+        value=payload.value,
+        source=payload.source,
+        observed_at=payload.observed_at,
+        expires_at=expires_at,
+        verification=payload.verification,
+        status="verified" if payload.verification else "proposed",
     )
+    verdict = decide_write(
+        Write(
+            kind=checked.kind,
+            scope=checked.scope,
+            value=payload.value,
+            source_type=payload.source.type,
+            expires_at=expires_at,
+            evidence_event_ids=checked.evidence_event_ids,
+            verification=payload.verification,
+        ),
+        admission.stamp,
+        admission.policy,
+    )
+    return _admitted(event, record, admission, verdict, checked)
 
 
 @evolve.register
-def _revoked(event: MemoryRevoked, current: MemoryRecord | None) -> Decision:
+def _revoked(event: MemoryRevoked, current: MemoryRecord | None, admission: Admission) -> Decision:
+    # Allowed whatever the head's status: a held or rejected version is revoked with the rest.
     checked = _check_existing(event, current, event.payload.expected_version)
     if isinstance(checked, Refused):
         return checked
     return _applied(
-        event, _next_version(event, checked, status="revoked", revoked_reason=event.payload.reason)
+        event,
+        _next_version(event, checked, status="revoked", revoked_reason=event.payload.reason),
+        admission,
     )
+
+
+@evolve.register
+def _reviewed(
+    event: MemoryReviewed, current: MemoryRecord | None, admission: Admission
+) -> Decision:
+    checked = _check_existing(event, current, None)
+    if isinstance(checked, Refused):
+        return checked
+    payload = event.payload
+    if event.actor.type not in REVIEWER_TYPES:
+        return _refuse(
+            event,
+            RejectionReason.REVIEW_NOT_ALLOWED,
+            f"an actor of type {event.actor.type!r} may not review",
+            checked,
+        )
+    if checked.status != "pending_review" or payload.reviewed_version != checked.version:
+        pending = checked.version if checked.status == "pending_review" else None
+        return _refuse(
+            event,
+            RejectionReason.STALE_REVIEW,
+            f"reviewed version {payload.reviewed_version}, pending version {pending}",
+            checked,
+        )
+    status = status_under_admit(checked) if payload.decision == "approved" else "rejected"
+    return _applied(event, _next_version(event, checked, status=status), admission)
 
 
 @dataclass(slots=True)
 class BatchResult:
+    # The memories' served views (the rows of ``memories``): the served version, or the head
+    # when none is served (see ``heads``).
     records: dict[MemoryKey, MemoryRecord] = field(default_factory=dict)
+    # Per memory in ``records``, its head when that is not its row: a version held for review,
+    # or rejected, above a version still served. None: the row is the head.
+    heads: dict[MemoryKey, MemoryRecord | None] = field(default_factory=dict)
     versions: list[MemoryVersion] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     processed: list[ProcessedEvent] = field(default_factory=list)
@@ -228,9 +392,45 @@ class BatchResult:
     keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
     # Credentials masked out of memory values before they were stored, by kind.
     redactions: Redactions = field(default_factory=Counter)
+    # Admission decisions of proposals and corrections, by (decision, what decided), and the
+    # instruction rules their values matched.
+    admissions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    instruction_matches: Counter[str] = field(default_factory=Counter)
+
+    def place(self, key: MemoryKey, head: MemoryRecord, served: MemoryRecord | None) -> None:
+        """Record ``head`` as the memory's latest version: its row unless it is held or
+        rejected above a served version (``served``), which then stays the row."""
+        if head.status in HELD_STATUSES and served is not None and served.servable:
+            self.records[key] = served
+            self.heads[key] = head
+        else:
+            self.records[key] = head
+            self.heads[key] = None
 
     def applied_event_types(self) -> list[str]:
         return [version.event_type for version in self.versions]
+
+
+def _count(result: BatchResult, decision: Decision) -> None:
+    verdict = decision.verdict if isinstance(decision, Applied) else None
+    if verdict is None and isinstance(decision, Refused):
+        reason = decision.rejection.reason
+        if reason in _ADMISSION_REASONS:
+            result.admissions["refuse", _ADMISSION_REASONS[reason]] += 1
+        return
+    if verdict is None or verdict.cause == "no_policy":
+        return
+    result.admissions[verdict.decision, verdict.cause] += 1
+    result.instruction_matches.update(verdict.instructions)
+
+
+# Refusals by the admission decision, by what decided (the reducer keeps no verdict of them).
+_ADMISSION_REASONS = {
+    RejectionReason.KIND_NOT_ADMITTED: "rule",
+    RejectionReason.EVIDENCE_UNAVAILABLE: "evidence",
+    RejectionReason.DERIVED_EVIDENCE: "evidence",
+    RejectionReason.INVALID_GRANT: "shape",
+}
 
 
 def erasure_keys(event: MemoryEvent, current: MemoryRecord | None) -> Iterator[EntityKey]:
@@ -292,6 +492,10 @@ def _redacted(event: MemoryEvent, found: Redactions) -> MemoryEvent:
     return event.model_copy(update={"payload": payload})
 
 
+NO_HEADS: Mapping[MemoryKey, MemoryRecord] = {}
+NO_POLICIES: Mapping[PolicyKey, Policy] = {}
+
+
 def reduce_batch(
     events: Iterable[MemoryEvent],
     records: Mapping[MemoryKey, MemoryRecord],
@@ -299,10 +503,14 @@ def reduce_batch(
     erasures: ErasureIndex = NO_ERASURES,
     revocation_deadline: timedelta = timedelta(hours=1),
     stores: RequiredStores | None = None,
+    heads: Mapping[MemoryKey, MemoryRecord] = NO_HEADS,
+    policies: Mapping[PolicyKey, Policy] = NO_POLICIES,
 ) -> BatchResult:
-    """Fold ``events`` in order over ``records``; ``seen`` maps processed event ids to hashes
-    and ``erasures`` holds the erasures that may cover the batch's events. A revocation waits
-    for ``stores`` (by default memproj's derived stores).
+    """Fold ``events`` in order over ``records`` (the memories' rows: served versions) and
+    ``heads`` (the held or rejected heads above them); ``seen`` maps processed event ids to
+    hashes and ``erasures`` holds the erasures that may cover the batch's events. Each event
+    is decided under the policy of its stamp's version (``policies``). A revocation waits for
+    ``stores`` (by default memproj's derived stores).
 
     Only the records the batch changed are returned; the inputs are not modified.
     """
@@ -313,7 +521,12 @@ def reduce_batch(
         if seen_before is Seen.REDELIVERED:
             continue
         key = (event.tenant_id, event.memory_id)
-        current = result.records.get(key) or records.get(key)
+        if key in result.records:
+            served: MemoryRecord | None = result.records[key]
+            current = result.heads.get(key) or served
+        else:
+            served = records.get(key)
+            current = heads.get(key) or served
         if seen_before is Seen.MISMATCH:
             result.rejections.append(
                 _refuse(
@@ -339,9 +552,9 @@ def reduce_batch(
             # the version keeps its place in the history without its content (so that a later
             # correction from elsewhere applies, live and in a rebuild alike) and is refused as
             # erased. Its value was sealed under that conversation's key too, now destroyed.
-            decision = evolve(event, current)
+            decision = evolve(event, current, admission_of(event, policies))
             if isinstance(decision, Applied):
-                result.records[key] = _erased_version(decision.version)
+                result.place(key, _erased_version(decision.version), None)
             result.rejections.append(
                 _refuse(
                     event, RejectionReason.ERASED, taken_from_erased.describe(), current
@@ -351,11 +564,13 @@ def reduce_batch(
         if not event.readable:
             result.shredded += 1
             continue
-        decision = evolve(_redacted(event, result.redactions), current)
+        admission = replace(admission_of(event, policies), served=served)
+        decision = evolve(_redacted(event, result.redactions), current, admission)
+        _count(result, decision)
         if isinstance(decision, Refused):
             result.rejections.append(decision.rejection)
             continue
-        result.records[key] = decision.version.record
+        result.place(key, decision.version.record, served)
         result.versions.append(decision.version)
         if isinstance(event, MemoryRevoked):
             result.revocations.append(

@@ -58,16 +58,107 @@ async def load_records(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey,
     return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}
 
 
-CURRENT_FIELDS = tuple(column.strip() for column in RECORD_COLUMNS.split(","))
+async def load_heads(
+    conn: Conn, records: dict[MemoryKey, MemoryRecord]
+) -> dict[MemoryKey, MemoryRecord]:
+    """The held or rejected heads above these rows (served versions), where there are any:
+    the head is the version ``memories.head_version`` names, kept in ``memory_versions``."""
+    if not records:
+        return {}
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at FROM memories m"
+            f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)"
+            " JOIN memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
+            " AND v.version = m.head_version",
+            (keyset_param(records),),
+        )
+        rows = await cursor.fetchall()
+    return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}
+
+
+# A version row read as the record it made (``created_at`` is the memory's).
+VERSION_RECORD_COLUMNS = (
+    "v.tenant_id, v.memory_id, v.subject_type, v.subject_id, v.scope, v.kind, v.value,"
+    " v.source_type, v.source_ref, v.status, v.version, v.observed_at, v.expires_at,"
+    " v.verification, v.evidence_event_ids, v.revoked_reason, v.occurred_at AS updated_at,"
+    " v.event_id AS last_event_id"
+)
+
+
+async def evidence_versions(conn: Conn, tenant_id: str, event_ids: Iterable[str]) -> dict[str, str]:
+    """Of these event ids, those of memory versions the tenant holds (applied, not erased):
+    event id -> the source type of the version it made."""
+    wanted = sorted(set(event_ids))
+    if not wanted:
+        return {}
+    cursor = await conn.execute(
+        "SELECT event_id, source_type FROM memory_versions"
+        " WHERE tenant_id = %s AND event_id = ANY(%s) AND status <> 'erased'",
+        (tenant_id, wanted),
+    )
+    return {str(row[0]): str(row[1]) for row in await cursor.fetchall()}
+
+
+async def evidence_of(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey, tuple[str, ...]]:
+    """The evidence event ids of these memories (a proposal sets them, nothing changes them)."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    cursor = await conn.execute(
+        "SELECT tenant_id, memory_id, evidence_event_ids FROM memories"
+        f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
+        (keyset_param(wanted),),
+    )
+    return {(row[0], row[1]): tuple(row[2]) for row in await cursor.fetchall()}
+
+
+async def event_ids_of(
+    conn: Conn, tenant_id: str, memories: Iterable[str], conversations: Iterable[str]
+) -> list[str]:
+    """The event ids of every version of these memories and of every version taken from
+    these conversations: what their erasure removes."""
+    cursor = await conn.execute(
+        "SELECT event_id FROM memory_versions WHERE tenant_id = %s"
+        " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
+        (tenant_id, sorted(set(memories)), sorted(set(conversations))),
+    )
+    return [str(row[0]) for row in await cursor.fetchall()]
+
+
+async def memories_citing(
+    conn: Conn, tenant_id: str, event_ids: Iterable[str]
+) -> list[tuple[str, str]]:
+    """(memory id, event id) for each memory of the tenant that cites one of these events."""
+    wanted = sorted(set(event_ids))
+    if not wanted:
+        return []
+    cursor = await conn.execute(
+        "SELECT m.memory_id, e.event_id FROM memories m,"
+        " unnest(m.evidence_event_ids) AS e(event_id)"
+        " WHERE m.tenant_id = %s AND m.evidence_event_ids && %s::text[]"
+        " AND e.event_id = ANY(%s::text[])",
+        (tenant_id, wanted, wanted),
+    )
+    return [(str(row[0]), str(row[1])) for row in await cursor.fetchall()]
+
+
+CURRENT_FIELDS = (
+    *(column.strip() for column in RECORD_COLUMNS.split(",")),
+    "head_version",
+    "head_status",
+)
+WRITE_COLUMNS = ", ".join(CURRENT_FIELDS)
 VERSION_FIELDS = (
     "tenant_id", "memory_id", "version", "subject_type", "subject_id", "scope", "kind", "value",
     "source_type", "source_ref", "status", "observed_at", "expires_at", "verification",
     "evidence_event_ids", "revoked_reason", "event_id", "event_type", "occurred_at",
-    "actor_type", "actor_id",
+    "actor_type", "actor_id", "policy_version", "review_rule",
 )  # fmt: skip
 _UPDATED_ON_CONFLICT = (
     "value", "source_type", "source_ref", "status", "version", "observed_at", "expires_at",
-    "verification", "updated_at", "last_event_id", "revoked_reason",
+    "verification", "updated_at", "last_event_id", "revoked_reason", "head_version",
+    "head_status",
 )  # fmt: skip
 
 
@@ -88,12 +179,15 @@ class _ValueJson:
         return known[1]
 
 
-def _current_row(r: MemoryRecord, value_json: _ValueJson) -> tuple[Any, ...]:
+def _current_row(
+    r: MemoryRecord, head: MemoryRecord | None, value_json: _ValueJson
+) -> tuple[Any, ...]:
     return (
         r.tenant_id, r.memory_id, r.subject.type, r.subject.id, r.scope, r.kind,
         value_json(r), r.source.type, r.source.ref, r.status, r.version,
         r.observed_at, r.expires_at, r.verification, list(r.evidence_event_ids), r.created_at,
         r.updated_at, r.last_event_id, r.revoked_reason,
+        None if head is None else head.version, None if head is None else head.status,
     )  # fmt: skip
 
 
@@ -103,7 +197,7 @@ def _version_row(v: MemoryVersion, value_json: _ValueJson) -> tuple[Any, ...]:
         r.tenant_id, r.memory_id, r.version, r.subject.type, r.subject.id, r.scope, r.kind,
         value_json(r), r.source.type, r.source.ref, r.status, r.observed_at,
         r.expires_at, r.verification, list(r.evidence_event_ids), r.revoked_reason, v.event_id,
-        v.event_type, r.updated_at, v.actor_type, v.actor_id,
+        v.event_type, r.updated_at, v.actor_type, v.actor_id, v.policy_version, v.review_rule,
     )  # fmt: skip
 
 
@@ -115,11 +209,14 @@ async def save_batch(conn: Conn, result: BatchResult) -> None:
 async def _save_batch(conn: Conn, result: BatchResult, value_json: _ValueJson) -> None:
     if result.records:
         staging = await staging_table(conn, "memories")
-        rows = (_current_row(record, value_json) for record in result.records.values())
+        rows = (
+            _current_row(record, result.heads.get(key), value_json)
+            for key, record in result.records.items()
+        )
         await copy_rows(conn, staging, CURRENT_FIELDS, rows)
         updates = ", ".join(f"{column} = EXCLUDED.{column}" for column in _UPDATED_ON_CONFLICT)
         await conn.execute(
-            f"INSERT INTO memories ({RECORD_COLUMNS}) SELECT {RECORD_COLUMNS} FROM {staging}"
+            f"INSERT INTO memories ({WRITE_COLUMNS}) SELECT {WRITE_COLUMNS} FROM {staging}"
             f" ON CONFLICT (tenant_id, memory_id) DO UPDATE SET {updates}".encode()
         )
     if result.versions:
@@ -131,12 +228,15 @@ async def save_rebuilt_batch(conn: Conn, result: BatchResult, stored: Container[
     """``save_batch`` into a rebuild's shadow, whose rows the caller knows: the records it does
     not hold yet (``stored``: the keys it holds) are copied straight in, the others upserted."""
     value_json = _ValueJson()
-    new = [record for key, record in result.records.items() if key not in stored]
+    new = [key for key in result.records if key not in stored]
     if new:
-        rows = (_current_row(record, value_json) for record in new)
+        rows = (_current_row(result.records[k], result.heads.get(k), value_json) for k in new)
         await copy_rows(conn, "memories", CURRENT_FIELDS, rows)
     changed = {key: record for key, record in result.records.items() if key in stored}
-    await _save_batch(conn, BatchResult(records=changed, versions=result.versions), value_json)
+    heads = {key: result.heads[key] for key in changed if key in result.heads}
+    await _save_batch(
+        conn, BatchResult(records=changed, heads=heads, versions=result.versions), value_json
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +298,8 @@ class VersionEntry:
     actor_type: str
     actor_id: str
     superseded_at: datetime | None
+    policy_version: int = 0
+    review_rule: str | None = None
 
 
 async def load_memory(conn: Conn, tenant_id: str, memory_id: str) -> MemoryRecord | None:
@@ -212,7 +314,8 @@ async def load_history(conn: Conn, tenant_id: str, memory_id: str) -> list[Versi
             "SELECT tenant_id, memory_id, subject_type, subject_id, scope, kind, value,"
             " source_type, source_ref, status, version, observed_at, expires_at, verification,"
             " evidence_event_ids, revoked_reason, event_id, event_type, occurred_at, actor_type,"
-            " actor_id, first_value(occurred_at) OVER (ORDER BY version) AS created_at,"
+            " actor_id, policy_version, review_rule,"
+            " first_value(occurred_at) OVER (ORDER BY version) AS created_at,"
             " occurred_at AS updated_at,"
             " event_id AS last_event_id,"
             " lead(occurred_at) OVER (ORDER BY version) AS superseded_at"
@@ -229,6 +332,8 @@ async def load_history(conn: Conn, tenant_id: str, memory_id: str) -> list[Versi
             actor_type=row["actor_type"],
             actor_id=row["actor_id"],
             superseded_at=row["superseded_at"],
+            policy_version=row["policy_version"],
+            review_rule=row["review_rule"],
         )
         for row in rows
     ]
@@ -256,3 +361,64 @@ async def checksums(conn: Conn) -> dict[str, TenantChecksum]:
     return {
         row[0]: TenantChecksum(int(row[1]), int(row[2]), row[3]) for row in await cursor.fetchall()
     }
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReview:
+    """A version held for review: what a reviewer decides on, beside what is served now."""
+
+    held: VersionEntry
+    # The version served meanwhile (a held correction's predecessor), if any.
+    served: MemoryRecord | None
+
+
+# The version held for review of every memory that has one (its row, or the head above it).
+_HELD_VERSIONS = (
+    "FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
+    " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version)"
+    " WHERE (m.status = 'pending_review' OR m.head_status = 'pending_review')"
+)
+
+
+async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[PendingReview]:
+    """The tenant's versions held for review, oldest first."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at, v.event_type, v.occurred_at,"
+            " v.actor_type, v.actor_id, v.policy_version, v.review_rule,"
+            " m.status AS row_status, m.head_version"
+            f" {_HELD_VERSIONS} AND m.tenant_id = %(tenant)s"
+            " ORDER BY v.occurred_at, v.memory_id LIMIT %(limit)s",
+            {"tenant": tenant_id, "limit": limit},
+        )
+        rows = await cursor.fetchall()
+    served = await load_records(
+        conn, [(tenant_id, row["memory_id"]) for row in rows if row["head_version"] is not None]
+    )
+    return [
+        PendingReview(
+            VersionEntry(
+                record=record_from_row(row),
+                event_id=row["last_event_id"],
+                event_type=row["event_type"],
+                occurred_at=row["occurred_at"],
+                actor_type=row["actor_type"],
+                actor_id=row["actor_id"],
+                superseded_at=None,
+                policy_version=row["policy_version"],
+                review_rule=row["review_rule"],
+            ),
+            served.get((tenant_id, row["memory_id"])) if row["head_version"] is not None else None,
+        )
+        for row in rows
+    ]
+
+
+async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]]:
+    """Per tenant: how many versions await review and the oldest one's age in seconds."""
+    cursor = await conn.execute(
+        "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(v.occurred_at))"
+        f" {_HELD_VERSIONS} GROUP BY m.tenant_id",
+        (now,),
+    )
+    return {str(r[0]): (int(r[1]), float(r[2])) for r in await cursor.fetchall()}

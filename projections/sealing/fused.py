@@ -166,14 +166,21 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         if self.projection.locks_late:
             # Nothing written, no tenant lock: ``lock`` takes them and checks what was read.
             sealing = await self.sealer.read(conn, events, locked=False)
-            return FusedState(sealing, await self.projection.load(conn, events))
+            return FusedState(
+                sealing, await self.projection.load(conn, self._stamped(events, sealing))
+            )
         # The shared tenant locks first, once for the batch: a deletion of these tenants
         # either committed before (its erasures are read below, and no key is created for
         # what it erased) or waits until this batch commits. The projection's own load takes
         # them again (granted at once: this transaction holds them).
         await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         sealing = await self.sealer.read(conn, events, locked=True)
-        return FusedState(sealing, await self.projection.load(conn, events))
+        return FusedState(sealing, await self.projection.load(conn, self._stamped(events, sealing)))
+
+    def _stamped(self, events: Sequence[EventT], sealing: SealingState) -> list[EventT]:
+        """The events as the sealed log gives them to the projection: with their admission
+        stamps (the projection reads the policies they name)."""
+        return [self.sealer.stamped(e, sealing) for e in events]  # type: ignore[misc]
 
     async def lock(
         self, conn: Conn, events: Sequence[EventT], state: FusedState[StateT]
@@ -188,7 +195,9 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         sealing = state.sealing
         if not await self.sealer.confirm(conn, sealing):
             sealing = await self.sealer.read(conn, events, locked=True)
-        projection = await self.projection.lock(conn, events, state.projection)
+        projection = await self.projection.lock(
+            conn, self._stamped(events, sealing), state.projection
+        )
         if sealing is state.sealing and projection is state.projection:
             return state
         return FusedState(sealing, projection)
@@ -208,7 +217,9 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         unreadable = set(sealed.erased_at)
         while True:
             read = [
-                self.sealer.as_read_from_the_log(sealed.messages[i]) if i in unreadable else e
+                self.sealer.as_read_from_the_log(sealed.messages[i])
+                if i in unreadable
+                else self.sealer.stamped(e, state.sealing)
                 for i, e in enumerate(events)
             ]
             outcome = self.projection.reduce(read, state.projection, seen)  # type: ignore[arg-type]

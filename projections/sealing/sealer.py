@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from projections.admission.evidence import Stamps, read_stamps
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
@@ -57,6 +58,8 @@ class SealingState:
     # the keys made for entities that had none, not stored yet (``Sealer.confirm`` does).
     read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
     proposed: dict[EntityRef, bytes] = field(default_factory=dict)
+    # The admission stamps of the batch's memory events (``projections.admission.evidence``).
+    stamps: Stamps = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -135,11 +138,13 @@ class Sealer:
         )
         erasures = read.index
         wanted = keys_needed(events, erasures)
+        stamps = await read_stamps(conn, events)
         if locked:
-            return SealingState(await self._keys.keys(conn, wanted, create=True), erasures, read)
+            keys = await self._keys.keys(conn, wanted, create=True)
+            return SealingState(keys, erasures, read, stamps=stamps)
         found = await self._keys.keys(conn, wanted)
         proposed = {ref: new_data_key() for ref in sorted(set(wanted)) if ref not in found}
-        return SealingState(found | proposed, erasures, read, proposed)
+        return SealingState(found | proposed, erasures, read, proposed, stamps)
 
     async def confirm(self, conn: Conn, state: SealingState) -> bool:
         """Under the shared tenant locks: whether ``state`` (from ``read`` without them) still
@@ -171,7 +176,19 @@ class Sealer:
             # with both when they were applied, so replaying them rebuilds the same records.
             serializer = event.__pydantic_serializer__
             keys = event_sealing_keys(event)
-            if not keys:
+            stamp = state.stamps.get((event.tenant_id, event.event_id))
+            if stamp is not None:
+                # memproj's own field of its sealed log, whatever a producer sent.
+                raw = serializer.to_python(event, mode="json", exclude_unset=True)
+                raw["admission"] = stamp.model_dump(mode="json")
+                if keys and state.erasures.covering(map(_erasure_key, keys), event.occurred_at):
+                    sealed.erased += 1
+                    sealed.erased_at.append(index)
+                    raw = seal_erased(raw)
+                elif keys:
+                    raw = seal(raw, state.keys.get)
+                value = orjson.dumps(raw)
+            elif not keys:
                 # Nothing to seal: the event's JSON as it is (scalars and ids only: the same
                 # JSON orjson writes of the dump below), without a dict in between.
                 value = serializer.to_json(event, exclude_unset=True)
@@ -189,6 +206,14 @@ class Sealer:
             key = input_key(event.tenant_id, event.entity_id).encode()  # the input, sealed
             sealed.messages.append(OutboxMessage(topic, key, value))
         return sealed
+
+    def stamped(self, event: Envelope, state: SealingState) -> Envelope:
+        """``event`` as its projection reads it from the sealed log: with the admission stamp
+        ``reduce`` wrote beside it (and none a producer sent)."""
+        stamp = state.stamps.get((event.tenant_id, event.event_id))
+        if stamp is None and getattr(event, "admission", None) is None:
+            return event
+        return event.model_copy(update={"admission": stamp})
 
     def seals(self, event: Envelope) -> bool:
         """Whether ``event`` has personal fields, sealed with its entity's data key."""

@@ -14,6 +14,7 @@ from streams.cli.keys import keys
 from streams.cli.memory import memory, recall
 from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
+from streams.cli.policy import policy
 from streams.cli.replay import offsets, replay
 from streams.cli.serve import serve
 from streams.cli.subject import subject
@@ -58,6 +59,7 @@ for command in (
     deploy,
     keys,
     serve,
+    policy,
 ):
     cli.add_command(command)
 

@@ -10,6 +10,7 @@ import click
 
 from projections.access import pauses
 from projections.access.pauses import SubjectPaused
+from projections.admission import flags as evidence_flags
 from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
@@ -176,6 +177,10 @@ def memory_show(
         shown["subject_paused"] = await pauses.is_paused(
             conn, tenant, record.subject.type, record.subject.id
         )
+        shown["evidence_erased"] = [
+            {"event_id": f.event_id, "deletion_id": f.deletion_id, "at": f.flagged_at.isoformat()}
+            for f in await evidence_flags.flags_of(conn, tenant, memory_id)
+        ]
         if history:
             shown["history"] = [
                 {
@@ -195,6 +200,8 @@ def memory_show(
                     "superseded_at": entry.superseded_at.isoformat()
                     if entry.superseded_at
                     else None,
+                    "policy_version": entry.policy_version,
+                    "review_rule": entry.review_rule,
                 }
                 for entry in await store.load_history(conn, tenant, memory_id)
             ]
@@ -216,10 +223,13 @@ def memory_show(
         f"  source: {current['source']['type']} {current['source']['ref']}, "
         f"observed {current['observed_at']}, verification {current['verification']}"
     )
+    for flag in shown["evidence_erased"]:
+        click.echo(f"  FLAGGED: cited evidence {flag['event_id']} erased by {flag['deletion_id']}")
     for entry in shown.get("history", []):
         click.echo(
             f"  v{entry['version']} {entry['event_type']:17} {entry['occurred_at']} "
             f"{entry['status']:9} {entry['source']['type']}:{entry['source']['ref']} "
-            f"{entry['value']}"
+            f"{entry['value']} policy v{entry['policy_version']}"
+            + (f" review: {entry['review_rule']}" if entry["review_rule"] else "")
             + (f" superseded {entry['superseded_at']}" if entry["superseded_at"] else "")
         )

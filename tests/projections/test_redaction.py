@@ -21,7 +21,7 @@ from projections.redaction import (
 )
 from streams.sample import EventFactory, to_message
 from support.examples import examples
-from support.new_event_type import reviewed, schemas_with_reviews
+from support.new_event_type import annotated, schemas_with_annotations
 from topics.codec import EventCodec
 from topics.schemas import default_schemas
 
@@ -570,8 +570,8 @@ def test_a_masked_text_holds_none_of_the_secret(
 
 
 def test_a_new_event_types_personal_field_is_redacted_by_its_mark_alone() -> None:
-    codec = EventCodec(schemas_with_reviews(), frozenset({"memory.reviewed"}))
-    event = codec.decode(*to_message(reviewed("t1", "m1", f"pasted {JWT} by mistake")))
+    codec = EventCodec(schemas_with_annotations(), frozenset({"memory.annotated"}))
+    event = codec.decode(*to_message(annotated("t1", "m1", f"pasted {JWT} by mistake")))
     found: Counter[str] = Counter()
     assert redact_personal(event, found) == {"note": "pasted [REDACTED:jwt] by mistake"}
     assert found == {"jwt": 1}

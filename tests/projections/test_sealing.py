@@ -34,7 +34,7 @@ from projections.sealing.fields import (
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, event_sealing_keys
 from streams.sample import EventFactory, to_message
-from support.new_event_type import register_reviews, reviewed, schemas_with_reviews
+from support.new_event_type import annotated, register_annotations, schemas_with_annotations
 from topics.codec import EventCodec, InvalidMessage
 from topics.memory import MEMORY_EVENT_TYPES, MemoryCorrected, MemoryProposed
 from topics.outputs import DeadLetterReason
@@ -323,6 +323,7 @@ def _personal_event_samples() -> dict[str, dict[str, Any]]:
         "memory.proposed": f.proposed("t1", "m1", value={"text": "secret"}),
         "memory.corrected": f.corrected("t1", "m1", 1, {"text": "secret"}),
         "memory.revoked": f.revoked("t1", "m1", "secret"),
+        "memory.reviewed": f.reviewed("t1", "m1", 1, note="secret"),
         "conversation.message_added": f.message("t1", "c1", "x", "user", "secret"),
         "conversation.summary_updated": f.summary("t1", "c1", 1, "secret", ["x"]),
     }
@@ -349,8 +350,8 @@ def test_every_personal_field_is_sealed_and_its_placeholder_decodes() -> None:
 def test_a_new_event_types_marked_field_is_sealed_with_nothing_else_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    register_reviews(monkeypatch)
-    raw = reviewed("t1", "m1", "the customer's home address")
+    register_annotations(monkeypatch)
+    raw = annotated("t1", "m1", "the customer's home address")
     key = new_data_key()
     assert entity_of(raw) == ("t1", "memory", "m1")
     sealed = seal(raw, key)
@@ -361,6 +362,6 @@ def test_a_new_event_types_marked_field_is_sealed_with_nothing_else_changed(
         unseal(sealed, lambda ref: None)
     with pytest.raises(Unreadable):  # in plaintext on the sealed log: not the sealer's
         unseal(raw, lambda ref: key)
-    codec = EventCodec(schemas_with_reviews(), frozenset({"memory.reviewed"}))
+    codec = EventCodec(schemas_with_annotations(), frozenset({"memory.annotated"}))
     shredded = codec.decode(*to_message(with_placeholders(sealed)))
     assert shredded.payload.note == "[unreadable]"

@@ -41,7 +41,7 @@ from streams.audit.stores import file_holds, namespace_pattern
 from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
-from support.new_event_type import register_reviews, reviewed
+from support.new_event_type import annotated, register_annotations
 from topics.registry import (
     CONVERSATION_REJECTIONS,
     DELETION_ACKS,
@@ -131,8 +131,8 @@ def test_every_field_the_contract_marks_personal_is_opened_while_its_key_lives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The audit opens what the sealer's table seals, and that table is the marks: a new event
-    # type's marked field (memory.reviewed's note) is covered with no change to the audit.
-    register_reviews(monkeypatch)
+    # type's marked field (memory.annotated's note) is covered with no change to the audit.
+    register_annotations(monkeypatch)
     marker = "mk-personal-field"
     f = EventFactory()
     events = [
@@ -141,7 +141,7 @@ def test_every_field_the_contract_marks_personal_is_opened_while_its_key_lives(
         f.revoked("acme", "m1", f"{marker} asked"),
         f.message("acme", "c1", "x1", "user", f"{marker} said"),
         f.summary("acme", "c1", 1, f"{marker} summed up", ["x1"]),
-        reviewed("acme", "m1", f"{marker} noted"),
+        annotated("acme", "m1", f"{marker} noted"),
     ]
     key = new_data_key()
     records = [

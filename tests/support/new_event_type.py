@@ -1,5 +1,5 @@
 """An event type memproj does not implement yet, marked as docs/howto-event-type.md says:
-``memory.reviewed`` of contract 1.2, whose ``note`` is free text from its reviewer. Tests seal,
+``memory.annotated``, a note a person attaches to a memory, whose ``note`` is free text. Tests seal,
 open and redact it with no change to sealing or redaction, showing that both derive from the
 marks alone."""
 
@@ -17,44 +17,47 @@ from topics.personal import PERSONAL_EVENTS, personal_events
 from topics.schemas import EventSchema, SchemaRegistry, default_schemas
 
 
-class MemoryReviewedPayload(Wire):
+class MemoryAnnotatedPayload(Wire):
     memory_id: Identifier
-    reviewed_version: int = Field(ge=1)
-    decision: Literal["approved", "rejected"]
-    # Free text from the reviewer: personal. Optional, so marked inside its ``| None``.
+    annotated_version: int = Field(ge=1)
+    tone: Literal["caution", "context"]
+    # Free text from its author: personal. Optional, so marked inside its ``| None``.
     note: Annotated[Text, Personal(placeholder="[unreadable]")] | None = None
 
 
-class MemoryReviewed(MemoryEvent):
-    event_type: Literal["memory.reviewed"]
-    payload: MemoryReviewedPayload
+class MemoryAnnotated(MemoryEvent):
+    event_type: Literal["memory.annotated"]
+    payload: MemoryAnnotatedPayload
 
 
-def schemas_with_reviews() -> SchemaRegistry:
+def schemas_with_annotations() -> SchemaRegistry:
     return SchemaRegistry(
-        [*(EventSchema(model) for model in default_schemas().models()), EventSchema(MemoryReviewed)]
+        [
+            *(EventSchema(model) for model in default_schemas().models()),
+            EventSchema(MemoryAnnotated),
+        ]
     )
 
 
-def reviewed(tenant_id: str, memory_id: str, note: str) -> dict[str, object]:
+def annotated(tenant_id: str, memory_id: str, note: str) -> dict[str, object]:
     return {
-        "event_id": f"rev-{memory_id}",
-        "event_type": "memory.reviewed",
+        "event_id": f"note-{memory_id}",
+        "event_type": "memory.annotated",
         "schema_version": 1,
         "tenant_id": tenant_id,
         "occurred_at": "2026-08-08T09:30:00Z",
         "actor": {"type": "operator", "id": "reviewer_1"},
         "payload": {
             "memory_id": memory_id,
-            "reviewed_version": 1,
-            "decision": "rejected",
+            "annotated_version": 1,
+            "tone": "caution",
             "note": note,
         },
     }
 
 
-def register_reviews(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sealer's table as it would be with ``memory.reviewed`` among the contract's models:
+def register_annotations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sealer's table as it would be with ``memory.annotated`` among the contract's models:
     computed from the models, nothing listed by hand."""
-    table = {**PERSONAL_EVENTS, **personal_events([MemoryReviewed])}
+    table = {**PERSONAL_EVENTS, **personal_events([MemoryAnnotated])}
     monkeypatch.setattr(fields, "PERSONAL_EVENTS", table)

@@ -117,6 +117,15 @@ def test_the_personal_fields_of_the_contract() -> None:
     assert table == {
         "memory.proposed": ("memory", "memory_id", ("value",), {"value": {}}, "source", set()),
         "memory.corrected": ("memory", "memory_id", ("value",), {"value": {}}, "source", set()),
+        # The reviewer's note (contract 1.2).
+        "memory.reviewed": (
+            "memory",
+            "memory_id",
+            ("note",),
+            {"note": "[unreadable]"},
+            None,
+            set(),
+        ),
         "memory.revoked": (
             "memory",
             "memory_id",

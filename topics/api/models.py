@@ -41,6 +41,12 @@ class MemoryVersion(_Body):
     occurred_at: str
     actor: dict[str, str]
     superseded_at: str | None
+    policy_version: int = Field(
+        0, description="the admission policy version it was decided under (0: no policy)"
+    )
+    review_rule: str | None = Field(
+        None, description="the rule that held it for review, if one did"
+    )
 
 
 class MemoryDetail(_Body):

@@ -20,6 +20,7 @@ from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
 from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
+from projections.memory.reducer import HELD_STATUSES
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Principal, Services
@@ -239,7 +240,8 @@ async def get_memory(
             if dropped["erased"] or dropped["deleted"]:
                 services.metrics.blocked_reads(route_of(request), {"projection": dropped})
                 record = None
-        if record is None:
+        if record is None or record.status in HELD_STATUSES:
+            # A memory never served (held for review, or rejected) is not there for readers.
             raise ApiError(404, "not_found", f"no memory {memory_id!r}")
         memory_filters(policy, kind=record.kind, scope=record.scope)
         subject = record.subject
@@ -248,7 +250,8 @@ async def get_memory(
             MemoryVersion(
                 version=entry.record.version,
                 status=entry.record.status,
-                value=entry.record.value,
+                # A held or rejected version's value is for its reviewers, not for readers.
+                value={} if entry.record.status in HELD_STATUSES else entry.record.value,
                 source=entry.record.source.model_dump(mode="json"),
                 observed_at=entry.record.observed_at.isoformat(),
                 verification=entry.record.verification,
@@ -258,6 +261,8 @@ async def get_memory(
                 occurred_at=entry.occurred_at.isoformat(),
                 actor={"type": entry.actor_type, "id": entry.actor_id},
                 superseded_at=entry.superseded_at.isoformat() if entry.superseded_at else None,
+                policy_version=entry.policy_version,
+                review_rule=entry.review_rule,
             )
             for entry in await memory_store.load_history(conn, principal.tenant_id, memory_id)
         ]
