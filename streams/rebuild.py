@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn, RejectionRow
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.projection import MemoryProjection
@@ -174,7 +174,7 @@ class MemoryRebuild:
         events, positions = self._decode(messages)
         # As ``MemoryProjection.load``: the shared tenant locks first, then what an erasure
         # may have changed is read.
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         digest = await erasure_digest(conn)
         erased_since = self.erasures is not None and digest != self.erasures
         keys = {(e.tenant_id, e.memory_id) for e in events}

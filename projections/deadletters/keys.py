@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn
 from projections.deadletters.owner import LetterOwner
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, LetterSealer
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.sealing.crypto import DEFAULT_MASTER_KEY_ID
 from topics.envelope import Subject
 from topics.registry import keys_of
@@ -71,8 +71,8 @@ async def save_keys(conn: Conn, keys: Sequence[LetterKey]) -> None:
     if not keys:
         return
     tenants = {tenant for k in keys for tenant in k.owner.tenant_ids()}
-    await deletion_store.lock_tenants(conn, tenants, exclusive=False)
-    erasures = await deletion_store.load_erasures(
+    await erasure_guard.lock_tenants(conn, tenants, exclusive=False)
+    erasures = await erasure_guard.load_erasures(
         conn, (entry for k in keys for entry in k.owner.erasure_keys())
     )
     rows = []

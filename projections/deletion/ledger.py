@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, Protocol
+from typing import Literal
 
 from projections.deletion.erasure import (
     EntityKey,
@@ -44,22 +44,10 @@ from topics.outputs import MemoryRecord, Rejection, RejectionReason
 RequestKey = tuple[str, str]  # (tenant_id, deletion_id)
 
 
-class RequiredStores(Protocol):
-    """The derived stores a deletion waits for (``projections.stores.StoreRegistry``)."""
-
-    def required(self, target: TargetType) -> tuple[StoreName, ...]: ...
-
-
-def required_stores(target: TargetType, stores: RequiredStores | None = None) -> tuple[str, ...]:
-    """The stores that must acknowledge a deletion of ``target``: those of ``stores`` (by
-    default memproj's registry) that hold copies of it (a memory has no summary or context
-    view of its own)."""
-    if stores is None:
-        # Imported here: the stores' objects use this module's ledger entries.
-        from projections.stores import STORES
-
-        return STORES.required(target)
-    return stores.required(target)
+# Per deletion target, the derived stores that must acknowledge its deletion: those that hold
+# copies of it (a memory has no summary or context view of its own). Plain data, taken from
+# the store registry by the caller (``projections.stores.StoreRegistry.requirements``).
+RequiredStores = Mapping[TargetType, tuple[StoreName, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +106,7 @@ def plan_erasure(
     event: DeletionRequested,
     resolved: ResolvedTarget,
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerEntry:
     payload = event.payload
     target = payload.target
@@ -139,7 +127,7 @@ def plan_erasure(
         reason=payload.reason,
         cut_off=event.occurred_at,
         deadline_at=payload.deadline_at or event.occurred_at + default_deadline,
-        required_stores=required_stores(target.type, stores),
+        required_stores=stores.get(target.type, ()),
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
@@ -155,7 +143,7 @@ def plan_revocation(
     event: MemoryRevoked,
     record: MemoryRecord,
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerEntry:
     """A revoked memory leaves every derived store the way a deletion does; its authoritative
     row and history stay (further events on it are refused as ``revoked``). The revocation's
@@ -169,7 +157,7 @@ def plan_revocation(
         reason="revoked",
         cut_off=event.occurred_at,
         deadline_at=event.occurred_at + default_deadline,
-        required_stores=required_stores("memory", stores),
+        required_stores=stores.get("memory", ()),
         request_event_id=event.event_id,
         resolved=ResolvedTarget(memories=(record.memory_id,)),
     )
@@ -260,7 +248,7 @@ def reduce_ledger(
     states: Mapping[RequestKey, RequestState],
     seen: Mapping[EventKey, bytes],
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerBatch:
     batch = LedgerBatch()
     idempotency = IdempotencyCheck(seen)

@@ -39,6 +39,7 @@ from projections.idempotency import (
     Seen,
 )
 from projections.redaction import Redactions, redact_personal
+from projections.stores import STORES
 from topics.memory import (
     AdmissionStamp,
     MemoryCorrected,
@@ -574,7 +575,12 @@ def reduce_batch(
         result.versions.append(decision.version)
         if isinstance(event, MemoryRevoked):
             result.revocations.append(
-                plan_revocation(event, decision.version.record, revocation_deadline, stores)
+                plan_revocation(
+                    event,
+                    decision.version.record,
+                    revocation_deadline,
+                    STORES.requirements if stores is None else stores,
+                )
             )
     result.processed = idempotency.processed
     result.redelivered = idempotency.redelivered

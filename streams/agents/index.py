@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.sealing import Position
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
     Authoritative,
@@ -182,13 +182,13 @@ class EmbeddingsIndexer:
             # waits, a second or more each under load (ops/decisions/erasure-latency.md).
             async with self._pool.connection() as conn:
                 async with self._writes, conn.transaction():
-                    if await deletion_store.try_lock_tenants_shared(conn, tenants):
+                    if await erasure_guard.try_lock_tenants_shared(conn, tenants):
                         plan = await self._index_locked(conn, updates)
                 if plan is None:
                     # A deletion of one of these tenants holds or awaits its lock: wait until
                     # it has committed, holding nothing else, and try again.
                     async with conn.transaction():
-                        await deletion_store.lock_tenants(conn, tenants, exclusive=False)
+                        await erasure_guard.lock_tenants(conn, tenants, exclusive=False)
         await self._publisher.publish(
             [
                 OutboxMessage(
@@ -252,7 +252,7 @@ class EmbeddingsIndexer:
                 (keyset_param(messages),),
             )
             held_messages = {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
-        erasures = await deletion_store.load_erasures(
+        erasures = await erasure_guard.load_erasures(
             conn, (key for update in updates for key in erasure_keys(update))
         )
         return Authoritative(held_memories, held_messages, erasures)
