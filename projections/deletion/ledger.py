@@ -20,13 +20,8 @@ from projections.deletion.erasure import (
     memory_key,
     subject_key,
 )
-from projections.idempotency import (
-    DUPLICATE_MISMATCH,
-    EventKey,
-    IdempotencyCheck,
-    ProcessedEvent,
-    Seen,
-)
+from projections.fold import BatchOutcome, BatchReducer, fold
+from projections.idempotency import EventKey
 from topics.deletion import (
     Acknowledgement,
     DeletionRequested,
@@ -223,23 +218,62 @@ LedgerEvent = DeletionRequested | Acknowledgement
 
 
 @dataclass(slots=True)
-class LedgerBatch:
+class LedgerBatch(BatchOutcome):
     """What one batch of requests and acknowledgements decided."""
 
     entries: list[LedgerEntry] = field(default_factory=list)
     states: dict[RequestKey, RequestState] = field(default_factory=dict)
     completed: list[RequestState] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
-    processed: list[ProcessedEvent] = field(default_factory=list)
-    redelivered: int = 0
     applied: list[str] = field(default_factory=list)
-    shredded: int = 0
     # The current records of memories whose output key a null of this batch also hits: a key
     # written before 1.2 that is theirs too (``projections.memory.current``), published again.
     republished: dict[tuple[str, str], MemoryRecord] = field(default_factory=dict)
 
     def applied_event_types(self) -> list[str]:
         return self.applied
+
+
+@dataclass(slots=True)
+class _LedgerFold(BatchReducer[LedgerEvent, RequestState]):
+    resolved: Mapping[RequestKey, ResolvedTarget]
+    states: Mapping[RequestKey, RequestState]
+    default_deadline: timedelta
+    stores: RequiredStores
+    batch: LedgerBatch
+
+    def current(self, key: RequestKey) -> RequestState | None:
+        return self.batch.states.get(key) or self.states.get(key)
+
+    def refuse(
+        self,
+        event: LedgerEvent,
+        reason: RejectionReason,
+        details: str,
+        current: RequestState | None,
+    ) -> Rejection:
+        return Rejection.of(event, reason, details)
+
+    def apply(
+        self, event: LedgerEvent, key: RequestKey, current: RequestState | None
+    ) -> Rejection | None:
+        batch = self.batch
+        if isinstance(event, DeletionRequested):
+            if current is not None:
+                return Rejection.of(
+                    event, RejectionReason.DELETION_EXISTS, "deletion_id already requested"
+                )
+            entry = plan_erasure(event, self.resolved[key], self.default_deadline, self.stores)
+            batch.entries.append(entry)
+            batch.states[key] = initial_state(entry)
+        else:
+            if current is None:
+                return Rejection.of(event, RejectionReason.UNKNOWN_DELETION, "no such request")
+            updated = apply_ack(event, current)
+            batch.states[key] = updated
+            if updated.completed and not current.completed:
+                batch.completed.append(updated)
+        batch.applied.append(event.event_type)
+        return None
 
 
 def reduce_ledger(
@@ -250,43 +284,9 @@ def reduce_ledger(
     default_deadline: timedelta,
     stores: RequiredStores,
 ) -> LedgerBatch:
+    """Fold requests and acknowledgements in order (``projections.fold``)."""
     batch = LedgerBatch()
-    idempotency = IdempotencyCheck(seen)
-    for event in events:
-        seen_before = idempotency.check(event)
-        if seen_before is Seen.REDELIVERED:
-            continue
-        key = (event.tenant_id, event.entity_id)
-        state = batch.states.get(key) or states.get(key)
-        if seen_before is Seen.MISMATCH:
-            batch.rejections.append(
-                Rejection.of(event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH)
-            )
-            continue
-        if isinstance(event, DeletionRequested):
-            if state is not None:
-                batch.rejections.append(
-                    Rejection.of(
-                        event, RejectionReason.DELETION_EXISTS, "deletion_id already requested"
-                    )
-                )
-                continue
-            entry = plan_erasure(event, resolved[key], default_deadline, stores)
-            batch.entries.append(entry)
-            batch.states[key] = initial_state(entry)
-        else:
-            if state is None:
-                batch.rejections.append(
-                    Rejection.of(event, RejectionReason.UNKNOWN_DELETION, "no such request")
-                )
-                continue
-            updated = apply_ack(event, state)
-            batch.states[key] = updated
-            if updated.completed and not state.completed:
-                batch.completed.append(updated)
-        batch.applied.append(event.event_type)
-    batch.processed = idempotency.processed
-    batch.redelivered = idempotency.redelivered
+    fold(events, seen, _LedgerFold(resolved, states, default_deadline, stores, batch), batch)
     return batch
 
 
