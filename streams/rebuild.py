@@ -73,18 +73,6 @@ def cannot_apply(topic: str, partition: int, offset: int, code: str, error: str)
     )
 
 
-async def erasure_digest(conn: Conn) -> tuple[int, int]:
-    """Changes whenever an erasure is recorded or forgotten (the ledger has no sequence)."""
-    cursor = await conn.execute(
-        "SELECT count(*), coalesce(sum(hashtextextended(tenant_id || '|' || entity_type || '|'"
-        " || subject_type || '|' || entity_id || '|' || deletion_id || '|' || cut_off::text,"
-        " 0) % 1000000007), 0) FROM erased_entities"
-    )
-    row = await cursor.fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
 @dataclass(frozen=True, slots=True)
 class _Chunk:
     """A chunk's result, kept in memory once its transaction commits."""
@@ -175,7 +163,7 @@ class MemoryRebuild:
         # As ``MemoryProjection.load``: the shared tenant locks first, then what an erasure
         # may have changed is read.
         await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        digest = await erasure_digest(conn)
+        digest = await erasure_guard.erasure_digest(conn)
         erased_since = self.erasures is not None and digest != self.erasures
         keys = {(e.tenant_id, e.memory_id) for e in events}
         records: dict[MemoryKey, MemoryRecord] = {} if erased_since else self.records

@@ -9,6 +9,7 @@ to dodge a cycle still ties the two modules together.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def imported(module: str, path: Path, known: Mapping[str, Path]) -> Iterator[str
                 yield name
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     known = modules()
     return {module: set(imported(module, path, known)) for module, path in known.items()}

@@ -22,6 +22,7 @@ from projections.bookkeeping import Conn
 from projections.deadletters.owner import LetterOwner
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, LetterSealer
 from projections.deletion import guard as erasure_guard
+from projections.deletion.erasure import ErasureScope
 from projections.sealing.crypto import DEFAULT_MASTER_KEY_ID
 from projections.sealing.rewrap import Rewrapped, rewrap_keys
 from topics.envelope import Subject
@@ -142,6 +143,18 @@ async def shred_dead_letters(
         },
     )
     return cursor.rowcount
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Dead letters naming what is erased (even malformed copies) no longer open."""
+    await shred_dead_letters(
+        conn,
+        scope.tenant_id,
+        scope.subject,
+        scope.memories,
+        scope.conversations,
+        scope.deletion_id,
+    )
 
 
 async def destroy_expired(conn: Conn, now: datetime) -> int:

@@ -123,3 +123,15 @@ async def record_erasures(conn: Conn, erasures: Iterable[tuple[EntityKey, dateti
         ("tenant_id", "entity_type", "subject_type", "entity_id", "cut_off", "deletion_id"),
         ((*key, cut_off, deletion_id) for key, cut_off, deletion_id in erasures),
     )
+
+
+async def erasure_digest(conn: Conn) -> tuple[int, int]:
+    """Changes whenever an erasure is recorded or forgotten (the ledger has no sequence)."""
+    cursor = await conn.execute(
+        "SELECT count(*), coalesce(sum(hashtextextended(tenant_id || '|' || entity_type || '|'"
+        " || subject_type || '|' || entity_id || '|' || deletion_id || '|' || cut_off::text,"
+        " 0) % 1000000007), 0) FROM erased_entities"
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])

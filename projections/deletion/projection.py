@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deletion import guard, lifecycle, store
+from projections.deletion import erasers, guard, lifecycle, store
 from projections.deletion import probes as deletion_probes
 from projections.deletion.ledger import (
     LedgerBatch,
@@ -234,7 +234,7 @@ async def record_and_erase(
                 [(t, i, v) for (t, i, _), v in zip(texts, vectors, strict=True)],
                 probes,
             )
-        await store.erase(conn, entry)
+        await erasers.erase(conn, entry)
 
 
 def tombstone_message(topics: TopicNames, entry: LedgerEntry) -> OutboxMessage:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from projections.bookkeeping import Conn, keyset, keyset_param
+from projections.deletion.erasure import ErasureScope
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
     KeyWrapping,
@@ -201,6 +202,17 @@ async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
         (deletion_id, keys_param),
     )
     return cursor.rowcount
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Crypto-shredding: the sealed log keeps the erased memories' and conversations' events,
+    but no key opens them any more."""
+    await shred(
+        conn,
+        [(scope.tenant_id, "memory", m) for m in scope.memories]
+        + [(scope.tenant_id, "conversation", c) for c in scope.conversations],
+        scope.deletion_id,
+    )
 
 
 async def ever_shredded(conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.conversation import store as conversation_store
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.sealing import Position
 from projections.deletion import guard as erasure_guard
@@ -30,6 +31,7 @@ from projections.embeddings.indexer import (
     plan_index,
 )
 from projections.embeddings.vectors import VectorStore, check_embedder
+from projections.memory import store as memory_store
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
@@ -235,23 +237,8 @@ class EmbeddingsIndexer:
                 if isinstance(u, MessageUpdate)
             }
         )
-        held_memories: dict[tuple[str, str], tuple[int, str]] = {}
-        if memories:
-            cursor = await conn.execute(
-                "SELECT tenant_id, memory_id, version, status FROM memories"
-                f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
-                (keyset_param(memories),),
-            )
-            held_memories = {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
-        held_messages: set[tuple[str, str, str]] = set()
-        if messages:
-            cursor = await conn.execute(
-                "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-                f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
-                " USING (tenant_id, conversation_id, message_id)",
-                (keyset_param(messages),),
-            )
-            held_messages = {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
+        held_memories = await memory_store.held_versions(conn, memories)
+        held_messages = await conversation_store.held_messages(conn, messages)
         erasures = await erasure_guard.load_erasures(
             conn, (key for update in updates for key in erasure_keys(update))
         )
