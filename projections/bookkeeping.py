@@ -21,6 +21,7 @@ from psycopg.abc import AdaptContext
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
+from projections.deletion.erasure import ErasureScope
 from projections.idempotency import EventKey, ProcessedEvent
 from topics.outputs import Rejection
 from topics.registry import Headers, keys_of
@@ -305,6 +306,22 @@ async def record_rejections(conn: Conn, projection: str, rows: Sequence[Rejectio
                 row.offset,
             )
             for row in rows
+        ),
+    )
+
+
+async def erase_rejections(conn: Conn, scope: ErasureScope) -> None:
+    """The rejections of events about what an erasure covers: its memories, conversations
+    and subject."""
+    subject = scope.subject
+    await conn.execute(
+        "DELETE FROM rejections WHERE tenant_id = %s AND (entity_id = ANY(%s)"
+        " OR (subject_type = %s AND subject_id = %s))",
+        (
+            scope.tenant_id,
+            [*scope.memories, *scope.conversations],
+            subject.type if subject else None,
+            subject.id if subject else None,
         ),
     )
 

@@ -22,6 +22,7 @@ from psycopg import errors, sql
 
 from projections.bookkeeping import Conn
 from projections.deletion import coverage
+from projections.deletion.erasure import ErasureScope
 
 Role = Literal["shadow", "retired"]
 
@@ -85,6 +86,16 @@ async def erase_copies(conn: Conn, erasure: dict[str, object]) -> int:
             # Dropped by hand since it was read: nothing of it is left to erase.
             continue
     return removed
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Rebuild shadows and retired tables hold full copies: an erasure reaches them too."""
+    await erase_copies(
+        conn,
+        coverage.deletion_params(
+            scope.tenant_id, scope.deletion_id, scope.memories, scope.conversations
+        ),
+    )
 
 
 async def covered_copies(conn: Conn, erasure: dict[str, object] | None = None) -> list[str]:

@@ -30,8 +30,8 @@ from projections.access.pauses import check_serving
 from projections.bookkeeping import Conn
 from projections.cache.store import RecallCache
 from projections.conversation import store as conversation_store
+from projections.deletion import guard as erasure_guard
 from projections.deletion import queries as ledger_queries
-from projections.deletion import store as deletion_store
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import MemoryOnly, VectorStore, check_embedder
@@ -75,7 +75,7 @@ async def hydrate(
     records = await memory_store.load_records(conn, ((tenant_id, m) for m in ids))
     keys = [memory_key(tenant_id, m) for m in ids]
     keys += [subject_key(tenant_id, r.subject.type, r.subject.id) for r in records.values()]
-    erasures = await deletion_store.load_erasures(conn, keys)
+    erasures = await erasure_guard.load_erasures(conn, keys)
     kept: list[MemoryRecord] = []
     dropped: Counter[str] = Counter()
     dropped_ids: list[str] = []
@@ -154,7 +154,7 @@ async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: dateti
         return Hydrated(kept, {"cache": dropped} if dropped else {}, dropped_ids)
     async with conn.transaction():
         await check_serving(conn, query.tenant_id, *subject)
-        await deletion_store.lock_tenants(conn, [query.tenant_id], exclusive=False)
+        await erasure_guard.lock_tenants(conn, [query.tenant_id], exclusive=False)
         records = await memory_store.recall(conn, query, now)
         await cache.put_recall(
             query.tenant_id, subject, key, [r.model_dump(mode="json") for r in records]
@@ -224,7 +224,7 @@ async def context_view(
     a ghost, dropped and counted. ``SubjectPaused`` if the conversation's owner is paused."""
     cached = await cache.get_context(tenant_id, conversation_id)
     async with conn.transaction():
-        await deletion_store.lock_tenants(conn, [tenant_id], exclusive=False)
+        await erasure_guard.lock_tenants(conn, [tenant_id], exclusive=False)
         view = await conversation_store.load_context(conn, tenant_id, conversation_id)
         shown = view if view is not None else cached
         if shown is not None:

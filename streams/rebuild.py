@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from projections import bookkeeping
 from projections.bookkeeping import Conn, RejectionRow
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.projection import MemoryProjection
@@ -71,18 +71,6 @@ def cannot_apply(topic: str, partition: int, offset: int, code: str, error: str)
         " schema_version, upgrade memproj (or register an upcaster in topics/schemas.py) and"
         " replay again; nothing was swapped."
     )
-
-
-async def erasure_digest(conn: Conn) -> tuple[int, int]:
-    """Changes whenever an erasure is recorded or forgotten (the ledger has no sequence)."""
-    cursor = await conn.execute(
-        "SELECT count(*), coalesce(sum(hashtextextended(tenant_id || '|' || entity_type || '|'"
-        " || subject_type || '|' || entity_id || '|' || deletion_id || '|' || cut_off::text,"
-        " 0) % 1000000007), 0) FROM erased_entities"
-    )
-    row = await cursor.fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +162,8 @@ class MemoryRebuild:
         events, positions = self._decode(messages)
         # As ``MemoryProjection.load``: the shared tenant locks first, then what an erasure
         # may have changed is read.
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        digest = await erasure_digest(conn)
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        digest = await erasure_guard.erasure_digest(conn)
         erased_since = self.erasures is not None and digest != self.erasures
         keys = {(e.tenant_id, e.memory_id) for e in events}
         records: dict[MemoryKey, MemoryRecord] = {} if erased_since else self.records

@@ -60,7 +60,7 @@ from projections.bookkeeping import Conn, OutboxMessage, lock_offsets, pending_o
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.embeddings.vectors import (
     SCHEMA_VERSION,
     VectorEntry,
@@ -539,7 +539,7 @@ async def _swap(
         )
         # An erasure committing between the sweep and the swap would remove its rows from the
         # tables about to be retired and leave them in the shadow that replaces them.
-        await deletion_store.hold_erasures(live_conn)
+        await erasure_guard.hold_erasures(live_conn)
         if source.seals:
             # The live worker's rows are of the raw topic. With them locked it commits
             # nothing more, and once its committed batches are published the sealed log

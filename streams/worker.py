@@ -272,7 +272,7 @@ def memory_projection(
         timedelta(seconds=settings.deletion_deadline_seconds),
         key_store(settings),
         metrics,
-        stores,
+        stores.requirements,
         metrics,
     )
 

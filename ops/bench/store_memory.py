@@ -155,7 +155,10 @@ def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, A
         use_system_arrow_pool()
     from datetime import UTC, datetime
 
-    from projections.deletion import store as deletion_store
+    try:
+        from projections.deletion import probes as deletion_probes
+    except ImportError:  # a tree from before it: the probe vectors were the ledger store's
+        from projections.deletion import store as deletion_probes  # type: ignore[no-redef]
     from projections.deletion.erasure import Erasure, ErasureIndex
     from projections.deletion.erasure import conversation_key as conversation
     from projections.deletion.erasure import memory_key as memory
@@ -234,7 +237,7 @@ def run_kind(kind: str, path: Path, original: Path | None = None) -> dict[str, A
                 for e, vector in zip(target.rows, target.vectors, strict=True)
             ]
 
-        deletion_store.load_probes = load_probes  # type: ignore[assignment]
+        deletion_probes.load_probes = load_probes  # type: ignore[assignment]
         cpu = time.process_time()
         reached = [asyncio.run(store.reachable(None, t)) for t in tombstones]  # type: ignore[arg-type]
         result = {

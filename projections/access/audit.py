@@ -1,7 +1,7 @@
 """The read audit (``api_read_audit``): every read's policy decision, by ids, and its
 retention. Nothing here is ever given content: a row names the key, purpose, route, subject
 and the ids returned and filtered. What a read was about is personal data about whom it was
-about: an erasure deletes the rows that name what it erases (``erase``)."""
+about: an erasure deletes the rows that name what it erases (``erase_reads``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from projections.access.policy import ReadDecision
 from projections.bookkeeping import Conn
+from projections.deletion.erasure import ErasureScope
 
 
 def subject_read(subject_type: str, subject_id: str) -> str:
@@ -71,3 +72,12 @@ async def erase(conn: Conn, tenant_id: str, about: Sequence[str]) -> int:
         (tenant_id, list(about)),
     )
     return cursor.rowcount
+
+
+async def erase_reads(conn: Conn, scope: ErasureScope) -> None:
+    """What was read about an erased subject, memories and conversations, and by whom."""
+    about = [memory_read(m) for m in scope.memories]
+    about += [conversation_read(c) for c in scope.conversations]
+    if scope.subject is not None:
+        about.append(subject_read(scope.subject.type, scope.subject.id))
+    await erase(conn, scope.tenant_id, about)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from psycopg.rows import dict_row
 
 from projections.bookkeeping import Conn
+from projections.deletion.erasure import ErasureScope
 from projections.redaction import redact_text
 
 Action = Literal["pause", "resume"]
@@ -190,3 +191,11 @@ async def erase_subject(
         " AND reason_erased_at IS NULL",
         (ERASED_REASON, now, tenant_id, subject_type, subject_id),
     )
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Why an operator paused an erased subject is free text about the person."""
+    if scope.subject is not None:
+        await erase_subject(
+            conn, scope.tenant_id, scope.subject.type, scope.subject.id, scope.cut_off
+        )

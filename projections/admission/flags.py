@@ -14,6 +14,7 @@ from datetime import datetime
 
 from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
+from projections.deletion.erasure import ErasureScope
 from projections.memory import store as memory_store
 
 
@@ -80,3 +81,13 @@ async def forget_memories(conn: Conn, tenant_id: str, memories: Iterable[str]) -
         "DELETE FROM memory_evidence_flags WHERE tenant_id = %s AND memory_id = ANY(%s)",
         (tenant_id, sorted(set(memories))),
     )
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Memories that cited what an erasure removes are flagged, before it goes; an erased
+    memory's own flags go with it."""
+    memories = list(scope.memories)
+    await flag_erased_evidence(
+        conn, scope.tenant_id, scope.deletion_id, memories, list(scope.conversations)
+    )
+    await forget_memories(conn, scope.tenant_id, memories)

@@ -15,7 +15,7 @@ from projections.conversation.reducer import (
     erasure_keys,
     reduce_batch,
 )
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
@@ -63,8 +63,8 @@ class ConversationProjection:
     locks_late = False
 
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
-        # Shared tenant locks before the erasure index is read (see projections.deletion.store).
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        # Shared tenant locks before the erasure index is read (see projections.deletion.guard).
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         state = await store.load_state(conn, events)
         keys = [
             key
@@ -73,7 +73,7 @@ class ConversationProjection:
                 event, state.records.get((event.tenant_id, event.conversation_id))
             )
         ]
-        return replace(state, erasures=await deletion_store.load_erasures(conn, keys))
+        return replace(state, erasures=await erasure_guard.load_erasures(conn, keys))
 
     async def lock(
         self, conn: Conn, events: Sequence[ConversationEvent], state: ConversationState

@@ -22,13 +22,8 @@ from projections.deletion.erasure import (
     conversation_key,
     subject_key,
 )
-from projections.idempotency import (
-    DUPLICATE_MISMATCH,
-    EventKey,
-    IdempotencyCheck,
-    ProcessedEvent,
-    Seen,
-)
+from projections.fold import BatchOutcome, BatchReducer, Covered, fold
+from projections.idempotency import EventKey
 from projections.redaction import Redactions, redact_personal
 from topics.conversation import (
     ConversationEvent,
@@ -269,19 +264,12 @@ def erasure_keys(
 
 
 @dataclass(slots=True)
-class BatchResult:
+class BatchResult(BatchOutcome):
     records: dict[ConversationKey, ConversationRecord] = field(default_factory=dict)
     messages: list[MessageRecord] = field(default_factory=list)
     summaries: list[SummaryRecord] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
-    processed: list[ProcessedEvent] = field(default_factory=list)
-    redelivered: int = 0
     applied: list[str] = field(default_factory=list)
     redactions: Redactions = field(default_factory=Counter)
-    shredded: int = 0
-    # Conversations refused as erased, by the deletion that covers them: a conversation the
-    # deletion did not know yet may have got a data key from the sealer since.
-    keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
     # Filled by the projection's save, in the batch's transaction: the data keys that seal
     # the new messages' records on conversation.messages (its outputs read them from here).
     message_keys: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
@@ -290,56 +278,58 @@ class BatchResult:
         return self.applied
 
 
-def reduce_batch(
-    events: Iterable[ConversationEvent],
-    state: ConversationState,
-    seen: Mapping[EventKey, bytes],
-) -> BatchResult:
-    result = BatchResult()
-    idempotency = IdempotencyCheck(seen)
-    known = set(state.messages)
-    for event in events:
-        seen_before = idempotency.check(event)
-        if seen_before is Seen.REDELIVERED:
-            continue
-        key = (event.tenant_id, event.conversation_id)
-        record = result.records.get(key) or state.records.get(key)
-        if seen_before is Seen.MISMATCH:
-            result.rejections.append(
-                _refuse(
-                    event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH, record
-                ).rejection
-            )
-            continue
-        erasure = state.erasures.covering(erasure_keys(event, record), event.occurred_at)
-        if erasure is not None:
-            result.keys_to_shred[key] = erasure.deletion_id
-            result.rejections.append(
-                _refuse(
-                    event,
-                    RejectionReason.ERASED,
-                    erasure.describe(),
-                    record,
-                ).rejection
-            )
-            continue
-        if not event.readable:
-            result.shredded += 1
-            continue
-        decision = evolve(event, record, known)
+@dataclass(slots=True)
+class _ConversationBatch(BatchReducer[ConversationEvent, ConversationRecord]):
+    state: ConversationState
+    known: set[MessageKey]
+    result: BatchResult
+
+    def current(self, key: ConversationKey) -> ConversationRecord | None:
+        return self.result.records.get(key) or self.state.records.get(key)
+
+    def refuse(
+        self,
+        event: ConversationEvent,
+        reason: RejectionReason,
+        details: str,
+        current: ConversationRecord | None,
+    ) -> Rejection:
+        return _refuse(event, reason, details, current).rejection
+
+    def covered(
+        self, event: ConversationEvent, current: ConversationRecord | None
+    ) -> Covered | None:
+        """A conversation the deletion did not know yet may have got a data key from the
+        sealer since: an erasure covers it whole."""
+        erasure = self.state.erasures.covering(erasure_keys(event, current), event.occurred_at)
+        return None if erasure is None else Covered(erasure)
+
+    def apply(
+        self, event: ConversationEvent, key: ConversationKey, current: ConversationRecord | None
+    ) -> Rejection | None:
+        decision = evolve(event, current, self.known)
         if isinstance(decision, Refused):
-            result.rejections.append(decision.rejection)
-            continue
+            return decision.rejection
+        result = self.result
         result.records[key] = decision.record
         result.applied.append(event.event_type)
         if isinstance(decision, Appended):
             message = decision.message
-            known.add((message.tenant_id, message.conversation_id, message.message_id))
+            self.known.add((message.tenant_id, message.conversation_id, message.message_id))
             result.messages.append(message)
             result.redactions.update(message.redactions)
         elif isinstance(decision, Summarised):
             result.summaries.append(decision.summary)
             result.redactions.update(decision.summary.redactions)
-    result.processed = idempotency.processed
-    result.redelivered = idempotency.redelivered
+        return None
+
+
+def reduce_batch(
+    events: Iterable[ConversationEvent],
+    state: ConversationState,
+    seen: Mapping[EventKey, bytes],
+) -> BatchResult:
+    """Fold ``events`` in order over ``state`` (``projections.fold``)."""
+    result = BatchResult()
+    fold(events, seen, _ConversationBatch(state, set(state.messages), result), result)
     return result

@@ -29,9 +29,8 @@ from projections.conversation.reducer import (
     MessageRecord,
     SummaryRecord,
 )
-from projections.memory.store import RECORD_COLUMNS, record_from_row
+from projections.deletion.erasure import ErasureScope
 from topics.conversation import ConversationEvent, MessageAdded, SummaryUpdated
-from topics.outputs import MemoryRecord
 
 CONVERSATION_FIELDS = (
     "tenant_id", "conversation_id", "owner_type", "owner_id", "channel", "retention_class",
@@ -472,19 +471,6 @@ async def load_context(conn: Conn, tenant_id: str, conversation_id: str) -> dict
     return {**view, "built_at": row[1].isoformat(), "owner": [row[2], row[3]]}
 
 
-async def memories_from_conversation(
-    conn: Conn, tenant_id: str, conversation_id: str
-) -> list[MemoryRecord]:
-    """Every memory whose source is a message of this conversation, whatever its status."""
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            f"SELECT {RECORD_COLUMNS} FROM memories"
-            " WHERE tenant_id = %s AND source_conversation_id = %s ORDER BY memory_id",
-            (tenant_id, conversation_id),
-        )
-        return [record_from_row(row) for row in await cursor.fetchall()]
-
-
 async def evidence_messages(
     conn: Conn, tenant_id: str, event_ids: Iterable[str]
 ) -> dict[str, bool]:
@@ -512,3 +498,84 @@ async def event_ids_of_conversations(
         (tenant_id, sorted(set(conversations))),
     )
     return [str(row[0]) for row in await cursor.fetchall()]
+
+
+async def held_messages(conn: Conn, keys: Sequence[MessageKey]) -> set[MessageKey]:
+    """Which of these messages the projection holds."""
+    if not keys:
+        return set()
+    cursor = await conn.execute(
+        "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
+        f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
+        " USING (tenant_id, conversation_id, message_id)",
+        (keyset_param(keys),),
+    )
+    return {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
+
+
+# -- erasure ------------------------------------------------------------------------------------
+
+
+async def conversations_owned_by(
+    conn: Conn, tenant_id: str, owner_type: str | None, owner_id: str
+) -> list[str]:
+    cursor = await conn.execute(
+        "SELECT conversation_id FROM conversations"
+        " WHERE tenant_id = %s AND owner_type = %s AND owner_id = %s ORDER BY 1",
+        (tenant_id, owner_type, owner_id),
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def held_in(
+    conn: Conn, tenant_id: str, conversation_ids: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list[str]]:
+    """What these conversations hold: their (conversation, message) ids in order, their
+    (conversation, summary version)s, and the conversations that have a context view."""
+    scope = (tenant_id, list(conversation_ids))
+    messages = await conn.execute(
+        "SELECT conversation_id, message_id FROM conversation_messages"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1, seq",
+        scope,
+    )
+    summaries = await conn.execute(
+        "SELECT conversation_id, summary_version FROM conversation_summaries"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1, 2",
+        scope,
+    )
+    contexts = await conn.execute(
+        "SELECT conversation_id FROM conversation_context"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s) ORDER BY 1",
+        scope,
+    )
+    return (
+        [(row[0], row[1]) for row in await messages.fetchall()],
+        [(row[0], row[1]) for row in await summaries.fetchall()],
+        [row[0] for row in await contexts.fetchall()],
+    )
+
+
+async def message_contents(
+    conn: Conn, tenant_id: str, conversation_ids: Sequence[str]
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """("conversation/message", content) of every message of these conversations."""
+    cursor = await conn.execute(
+        "SELECT conversation_id || '/' || message_id, content FROM conversation_messages"
+        " WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        (tenant_id, list(conversation_ids)),
+    )
+    return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """The erased conversations and their messages. Their summaries and context views are
+    derived stores: their own workers remove them when the tombstone arrives."""
+    conversations = (scope.tenant_id, list(scope.conversations))
+    await conn.execute(
+        "DELETE FROM conversation_messages WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        conversations,
+    )
+    await conn.execute(
+        "DELETE FROM conversations WHERE tenant_id = %s AND conversation_id = ANY(%s)",
+        conversations,
+    )

@@ -14,15 +14,17 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
 from projections.deadletters.owner import LetterOwner
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, LetterSealer
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
+from projections.deletion.erasure import ErasureScope
 from projections.sealing.crypto import DEFAULT_MASTER_KEY_ID
+from projections.sealing.rewrap import Rewrapped, rewrap_keys
 from topics.envelope import Subject
 from topics.registry import keys_of
 
@@ -71,8 +73,8 @@ async def save_keys(conn: Conn, keys: Sequence[LetterKey]) -> None:
     if not keys:
         return
     tenants = {tenant for k in keys for tenant in k.owner.tenant_ids()}
-    await deletion_store.lock_tenants(conn, tenants, exclusive=False)
-    erasures = await deletion_store.load_erasures(
+    await erasure_guard.lock_tenants(conn, tenants, exclusive=False)
+    erasures = await erasure_guard.load_erasures(
         conn, (entry for k in keys for entry in k.owner.erasure_keys())
     )
     rows = []
@@ -143,37 +145,44 @@ async def shred_dead_letters(
     return cursor.rowcount
 
 
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Dead letters naming what is erased (even malformed copies) no longer open."""
+    await shred_dead_letters(
+        conn,
+        scope.tenant_id,
+        scope.subject,
+        scope.memories,
+        scope.conversations,
+        scope.deletion_id,
+    )
+
+
 async def destroy_expired(conn: Conn, now: datetime) -> int:
     """Delete every letter key past its expiry (and the rows of erased letters with it)."""
     cursor = await conn.execute("DELETE FROM dead_letter_keys WHERE expires_at <= %s", (now,))
     return cursor.rowcount
 
 
-async def rewrap_letter_keys(conn: Conn, sealer: LetterSealer, limit: int) -> dict[str, int]:
+async def rewrap_letter_keys(conn: Conn, sealer: LetterSealer, limit: int) -> Rewrapped:
     """Re-wrap up to ``limit`` letter keys not wrapped by the newest master key, in the
-    caller's transaction; the count per master key they left. Rows another transaction holds
-    are skipped (SKIP LOCKED) for a later batch; an erased or expired key is not there to
-    update (only live keys are updated, never brought back)."""
-    cursor = await conn.execute(
+    caller's transaction (``rewrap_keys``: rows held elsewhere are left to a later batch; an
+    erased or expired key is not there to update, never brought back)."""
+
+    def rewrap(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
+        key_id, wrapped, master_key_id = row
+        data_key = sealer.unwrap(key_id, bytes(wrapped), master_key_id)
+        return (sealer.wrap(key_id, data_key), sealer.key_id, key_id), master_key_id
+
+    return await rewrap_keys(
+        conn,
         "SELECT key_id::text, wrapped_key, master_key_id FROM dead_letter_keys"
         " WHERE wrapped_key IS NOT NULL AND master_key_id <> %s"
         " ORDER BY key_id LIMIT %s FOR UPDATE SKIP LOCKED",
         (sealer.key_id, limit),
+        rewrap,
+        "UPDATE dead_letter_keys SET wrapped_key = %s, master_key_id = %s"
+        " WHERE key_id = %s::uuid AND wrapped_key IS NOT NULL",
     )
-    rows = []
-    from_keys: dict[str, int] = {}
-    for key_id, wrapped, master_key_id in await cursor.fetchall():
-        data_key = sealer.unwrap(key_id, bytes(wrapped), master_key_id)
-        rows.append((sealer.wrap(key_id, data_key), sealer.key_id, key_id))
-        from_keys[master_key_id] = from_keys.get(master_key_id, 0) + 1
-    if rows:
-        async with conn.cursor() as update:
-            await update.executemany(
-                "UPDATE dead_letter_keys SET wrapped_key = %s, master_key_id = %s"
-                " WHERE key_id = %s::uuid AND wrapped_key IS NOT NULL",
-                rows,
-            )
-    return from_keys
 
 
 async def count_letter_keys_not_newest(conn: Conn, sealer: LetterSealer) -> dict[str, int]:

@@ -20,16 +20,14 @@ from projections.bookkeeping import OutboxMessage
 from projections.deadletters.owner import LetterOwner, owner_of
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
+    KeyWrapping,
     MasterKeys,
     Unreadable,
     as_master_keys,
-    derive_key,
     encode_associated,
     new_data_key,
     open_bytes,
     seal_bytes,
-    unwrap_key,
-    wrap_key,
 )
 from topics.outputs import KEY_MAX_CHARS, ORIGINAL_MAX_BYTES, SealedOriginal
 from topics.registry import DEAD_LETTER_RETENTION_MS
@@ -84,9 +82,7 @@ class LetterSealer:
         self, master_keys: bytes | MasterKeys, retention: timedelta = DEAD_LETTER_RETENTION
     ) -> None:
         self.master_keys = as_master_keys(master_keys)
-        self._wrapping = {
-            key_id: derive_key(key, _WRAPPING_PURPOSE) for key_id, key in self.master_keys
-        }
+        self._wrapping = KeyWrapping(self.master_keys, _WRAPPING_PURPOSE)
         self.retention = retention
 
     @property
@@ -95,12 +91,10 @@ class LetterSealer:
         return self.master_keys.newest_id
 
     def wrap(self, key_id: str, data_key: bytes) -> bytes:
-        return wrap_key(self._wrapping[self.key_id], data_key, _wrapping_associated(key_id))
+        return self._wrapping.wrap(data_key, _wrapping_associated(key_id))
 
     def unwrap(self, key_id: str, wrapped_key: bytes, master_key_id: str) -> bytes:
-        self.master_keys.key(master_key_id)  # names a missing master key clearly
-        wrapping = self._wrapping[master_key_id]
-        return unwrap_key(wrapping, wrapped_key, _wrapping_associated(key_id))
+        return self._wrapping.unwrap(wrapped_key, _wrapping_associated(key_id), master_key_id)
 
     def seal(
         self,

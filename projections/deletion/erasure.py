@@ -11,8 +11,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from topics.envelope import Subject
+
 # (tenant_id, entity_type, subject_type, entity_id); subject_type is "" except for subjects.
 EntityKey = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureScope:
+    """What one erasure removes, as plain data: its tenant, its deletion, the subject it names
+    (if any), the memories and conversations it resolved, and its cut-off. Every eraser of the
+    erasure orchestrator (``projections.deletion.erasers``) takes it."""
+
+    tenant_id: str
+    deletion_id: str
+    subject: Subject | None
+    memories: tuple[str, ...]
+    conversations: tuple[str, ...]
+    cut_off: datetime
 
 
 def subject_key(tenant_id: str, subject_type: str, subject_id: str) -> EntityKey:

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, Protocol
+from typing import Literal
 
 from projections.deletion.erasure import (
     EntityKey,
@@ -20,13 +20,8 @@ from projections.deletion.erasure import (
     memory_key,
     subject_key,
 )
-from projections.idempotency import (
-    DUPLICATE_MISMATCH,
-    EventKey,
-    IdempotencyCheck,
-    ProcessedEvent,
-    Seen,
-)
+from projections.fold import BatchOutcome, BatchReducer, fold
+from projections.idempotency import EventKey
 from topics.deletion import (
     Acknowledgement,
     DeletionRequested,
@@ -44,22 +39,10 @@ from topics.outputs import MemoryRecord, Rejection, RejectionReason
 RequestKey = tuple[str, str]  # (tenant_id, deletion_id)
 
 
-class RequiredStores(Protocol):
-    """The derived stores a deletion waits for (``projections.stores.StoreRegistry``)."""
-
-    def required(self, target: TargetType) -> tuple[StoreName, ...]: ...
-
-
-def required_stores(target: TargetType, stores: RequiredStores | None = None) -> tuple[str, ...]:
-    """The stores that must acknowledge a deletion of ``target``: those of ``stores`` (by
-    default memproj's registry) that hold copies of it (a memory has no summary or context
-    view of its own)."""
-    if stores is None:
-        # Imported here: the stores' objects use this module's ledger entries.
-        from projections.stores import STORES
-
-        return STORES.required(target)
-    return stores.required(target)
+# Per deletion target, the derived stores that must acknowledge its deletion: those that hold
+# copies of it (a memory has no summary or context view of its own). Plain data, taken from
+# the store registry by the caller (``projections.stores.StoreRegistry.requirements``).
+RequiredStores = Mapping[TargetType, tuple[StoreName, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +101,7 @@ def plan_erasure(
     event: DeletionRequested,
     resolved: ResolvedTarget,
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerEntry:
     payload = event.payload
     target = payload.target
@@ -139,7 +122,7 @@ def plan_erasure(
         reason=payload.reason,
         cut_off=event.occurred_at,
         deadline_at=payload.deadline_at or event.occurred_at + default_deadline,
-        required_stores=required_stores(target.type, stores),
+        required_stores=stores.get(target.type, ()),
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
@@ -155,7 +138,7 @@ def plan_revocation(
     event: MemoryRevoked,
     record: MemoryRecord,
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerEntry:
     """A revoked memory leaves every derived store the way a deletion does; its authoritative
     row and history stay (further events on it are refused as ``revoked``). The revocation's
@@ -169,7 +152,7 @@ def plan_revocation(
         reason="revoked",
         cut_off=event.occurred_at,
         deadline_at=event.occurred_at + default_deadline,
-        required_stores=required_stores("memory", stores),
+        required_stores=stores.get("memory", ()),
         request_event_id=event.event_id,
         resolved=ResolvedTarget(memories=(record.memory_id,)),
     )
@@ -235,17 +218,13 @@ LedgerEvent = DeletionRequested | Acknowledgement
 
 
 @dataclass(slots=True)
-class LedgerBatch:
+class LedgerBatch(BatchOutcome):
     """What one batch of requests and acknowledgements decided."""
 
     entries: list[LedgerEntry] = field(default_factory=list)
     states: dict[RequestKey, RequestState] = field(default_factory=dict)
     completed: list[RequestState] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
-    processed: list[ProcessedEvent] = field(default_factory=list)
-    redelivered: int = 0
     applied: list[str] = field(default_factory=list)
-    shredded: int = 0
     # The current records of memories whose output key a null of this batch also hits: a key
     # written before 1.2 that is theirs too (``projections.memory.current``), published again.
     republished: dict[tuple[str, str], MemoryRecord] = field(default_factory=dict)
@@ -254,51 +233,60 @@ class LedgerBatch:
         return self.applied
 
 
+@dataclass(slots=True)
+class _LedgerFold(BatchReducer[LedgerEvent, RequestState]):
+    resolved: Mapping[RequestKey, ResolvedTarget]
+    states: Mapping[RequestKey, RequestState]
+    default_deadline: timedelta
+    stores: RequiredStores
+    batch: LedgerBatch
+
+    def current(self, key: RequestKey) -> RequestState | None:
+        return self.batch.states.get(key) or self.states.get(key)
+
+    def refuse(
+        self,
+        event: LedgerEvent,
+        reason: RejectionReason,
+        details: str,
+        current: RequestState | None,
+    ) -> Rejection:
+        return Rejection.of(event, reason, details)
+
+    def apply(
+        self, event: LedgerEvent, key: RequestKey, current: RequestState | None
+    ) -> Rejection | None:
+        batch = self.batch
+        if isinstance(event, DeletionRequested):
+            if current is not None:
+                return Rejection.of(
+                    event, RejectionReason.DELETION_EXISTS, "deletion_id already requested"
+                )
+            entry = plan_erasure(event, self.resolved[key], self.default_deadline, self.stores)
+            batch.entries.append(entry)
+            batch.states[key] = initial_state(entry)
+        else:
+            if current is None:
+                return Rejection.of(event, RejectionReason.UNKNOWN_DELETION, "no such request")
+            updated = apply_ack(event, current)
+            batch.states[key] = updated
+            if updated.completed and not current.completed:
+                batch.completed.append(updated)
+        batch.applied.append(event.event_type)
+        return None
+
+
 def reduce_ledger(
     events: Iterable[LedgerEvent],
     resolved: Mapping[RequestKey, ResolvedTarget],
     states: Mapping[RequestKey, RequestState],
     seen: Mapping[EventKey, bytes],
     default_deadline: timedelta,
-    stores: RequiredStores | None = None,
+    stores: RequiredStores,
 ) -> LedgerBatch:
+    """Fold requests and acknowledgements in order (``projections.fold``)."""
     batch = LedgerBatch()
-    idempotency = IdempotencyCheck(seen)
-    for event in events:
-        seen_before = idempotency.check(event)
-        if seen_before is Seen.REDELIVERED:
-            continue
-        key = (event.tenant_id, event.entity_id)
-        state = batch.states.get(key) or states.get(key)
-        if seen_before is Seen.MISMATCH:
-            batch.rejections.append(
-                Rejection.of(event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH)
-            )
-            continue
-        if isinstance(event, DeletionRequested):
-            if state is not None:
-                batch.rejections.append(
-                    Rejection.of(
-                        event, RejectionReason.DELETION_EXISTS, "deletion_id already requested"
-                    )
-                )
-                continue
-            entry = plan_erasure(event, resolved[key], default_deadline, stores)
-            batch.entries.append(entry)
-            batch.states[key] = initial_state(entry)
-        else:
-            if state is None:
-                batch.rejections.append(
-                    Rejection.of(event, RejectionReason.UNKNOWN_DELETION, "no such request")
-                )
-                continue
-            updated = apply_ack(event, state)
-            batch.states[key] = updated
-            if updated.completed and not state.completed:
-                batch.completed.append(updated)
-        batch.applied.append(event.event_type)
-    batch.processed = idempotency.processed
-    batch.redelivered = idempotency.redelivered
+    fold(events, seen, _LedgerFold(resolved, states, default_deadline, stores, batch), batch)
     return batch
 
 

@@ -12,7 +12,8 @@ import orjson
 from pydantic import ValidationError
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deletion import lifecycle, store
+from projections.deletion import erasers, guard, lifecycle, store
+from projections.deletion import probes as deletion_probes
 from projections.deletion.ledger import (
     LedgerBatch,
     LedgerEntry,
@@ -146,7 +147,7 @@ class LedgerProjection:
         requests = [e for e in events if isinstance(e, DeletionRequested)]
         # Exclusive: no projection batch of these tenants runs between resolving the targets
         # and committing the erasure, so nothing written meanwhile escapes it.
-        await store.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
+        await guard.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
         states = await lifecycle.load_states(conn, (request_key(e) for e in events))
         resolved = {
             request_key(e): await store.resolve(conn, e.tenant_id, e.payload.target)
@@ -165,7 +166,12 @@ class LedgerProjection:
         self, events: Sequence[LedgerEvent], state: LedgerState, seen: dict[EventKey, bytes]
     ) -> LedgerBatch:
         return reduce_ledger(
-            events, state.resolved, state.states, seen, self._default_deadline, self._stores
+            events,
+            state.resolved,
+            state.states,
+            seen,
+            self._default_deadline,
+            self._stores.requirements,
         )
 
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:
@@ -222,13 +228,13 @@ async def record_and_erase(
         texts = await store.probe_texts(conn, entry)
         if texts:
             vectors = embedder.embed([text for _, _, text in texts])
-            await store.record_probes(
+            await deletion_probes.record_probes(
                 conn,
                 entry,
                 [(t, i, v) for (t, i, _), v in zip(texts, vectors, strict=True)],
                 probes,
             )
-        await store.erase(conn, entry)
+        await erasers.erase(conn, entry)
 
 
 def tombstone_message(topics: TopicNames, entry: LedgerEntry) -> OutboxMessage:

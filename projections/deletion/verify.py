@@ -12,8 +12,8 @@ from typing import Any
 from projections import rebuilds
 from projections.bookkeeping import Conn
 from projections.deletion import coverage, lifecycle
+from projections.memory import store as memory_store
 from projections.stores.base import DerivedStore
-from topics.outputs import ELIGIBLE_STATUSES
 
 # What the authoritative projections still hold of an erased target, table by table.
 _PROJECTION_CHECKS = {
@@ -22,12 +22,6 @@ _PROJECTION_CHECKS = {
     "conversations": coverage.CONVERSATIONS,
     "messages": coverage.MESSAGES,
 }
-# A revocation keeps the revoked row and its history; only recall must not return it.
-_RECALLABLE = (
-    "SELECT count(*) FROM memories WHERE tenant_id = %(tenant_id)s"
-    " AND memory_id = ANY(%(memories)s)"
-    f" AND status IN ({', '.join(repr(status) for status in ELIGIBLE_STATUSES)})"
-)
 
 
 async def verify(
@@ -41,7 +35,10 @@ async def verify(
             found[name] = await _count(conn, table.of_deletion("SELECT count(*)"), params)
         found["rebuild_copies"] = await rebuilds.covered_copies(conn, params)
     else:
-        found["recallable"] = await _count(conn, _RECALLABLE, params)
+        # A revocation keeps the revoked row and its history; only recall must not return it.
+        found["recallable"] = await memory_store.count_recallable(
+            conn, tombstone.tenant_id, tombstone.ids("memory")
+        )
     for store in stores:
         if store.name in tombstone.required_stores:
             found[store.name] = await store.reachable(conn, tombstone)

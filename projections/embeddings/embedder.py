@@ -37,6 +37,12 @@ class Embedder(Protocol):
         ...
 
 
+# wordllama's model, named here so that naming it does not import it (numpy, tokenizers).
+WORDLLAMA_CONFIG = "l2_supercat"
+WORDLLAMA_DIM = 256  # the only dimension whose weights the wheel ships
+WORDLLAMA_NAME = f"wordllama/{WORDLLAMA_CONFIG}/{WORDLLAMA_DIM}"
+
+
 def hashing_name(dim: int) -> str:
     return f"hashing/{dim}"
 

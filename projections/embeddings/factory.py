@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from projections.embeddings.embedder import Embedder, HashingEmbedder, hashing_name
+from projections.embeddings.embedder import (
+    WORDLLAMA_DIM,
+    WORDLLAMA_NAME,
+    Embedder,
+    HashingEmbedder,
+    hashing_name,
+)
 
 EmbedderKind = Literal["wordllama", "hashing"]
 EMBEDDER_KINDS: tuple[EmbedderKind, ...] = get_args(EmbedderKind)
-# wordllama's model, here so that naming it does not import it (numpy, tokenizers).
-WORDLLAMA_CONFIG = "l2_supercat"
-WORDLLAMA_DIM = 256  # the only dimension whose weights the wheel ships
-WORDLLAMA_NAME = f"wordllama/{WORDLLAMA_CONFIG}/{WORDLLAMA_DIM}"
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,12 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from projections.embeddings.embedder import wordless_vector
-from projections.embeddings.factory import WORDLLAMA_CONFIG, WORDLLAMA_DIM, WORDLLAMA_NAME
+from projections.embeddings.embedder import (
+    WORDLLAMA_CONFIG,
+    WORDLLAMA_DIM,
+    WORDLLAMA_NAME,
+    wordless_vector,
+)
 
 # Tokens of a text that count: the vector is the mean of its first MAX_TOKENS tokens. A batch
 # is padded to its longest text and gathered whole (tokens x 256 float32 each, 1 KB a token),

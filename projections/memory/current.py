@@ -12,11 +12,19 @@ memory ``b:m``), that memory's record is published again after the null.
 
 from __future__ import annotations
 
-from projections.bookkeeping import OutboxMessage
+from projections.bookkeeping import Conn, OutboxMessage, remove_pending_messages
+from projections.deletion.erasure import ErasureScope
 from projections.memory.reducer import MemoryKey
 from topics.codec import encode
 from topics.outputs import MemoryRecord
-from topics.registry import entity_headers, input_key, keys_of, output_key, split_output_key
+from topics.registry import (
+    MEMORY_CURRENT,
+    entity_headers,
+    input_key,
+    keys_of,
+    output_key,
+    split_output_key,
+)
 
 
 def current_message(topic: str, key: MemoryKey, record: MemoryRecord) -> OutboxMessage:
@@ -39,3 +47,9 @@ def sharing_old_key(key: MemoryKey) -> MemoryKey | None:
     old = input_key(*key)
     other = split_output_key(old.encode())
     return other if other != key and output_key(*other) == old else None
+
+
+async def erase_pending(conn: Conn, scope: ErasureScope) -> None:
+    """The erased memories' values still waiting in any outbox are never published: the
+    ledger's null is the last record of their keys on memory.current."""
+    await remove_pending_messages(conn, MEMORY_CURRENT.base_name, scope.tenant_id, scope.memories)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from projections.admission import store as admission_store
 from projections.admission.policy import AdmissionObserver, Policy
 from projections.bookkeeping import Conn, OutboxMessage
+from projections.deletion import guard as erasure_guard
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.ledger import RequiredStores
@@ -45,7 +46,7 @@ class MemoryState:
     records: Mapping[MemoryKey, MemoryRecord]
     erasures: ErasureIndex
     # What was read of the erasure index, for ``MemoryProjection.lock``'s re-check.
-    read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
+    read: erasure_guard.ErasuresRead = field(default_factory=erasure_guard.ErasuresRead)
     # The held or rejected heads above ``records`` (served versions).
     heads: Mapping[MemoryKey, MemoryRecord] = field(default_factory=dict)
     # The admission policies the events' stamps name.
@@ -125,8 +126,8 @@ class MemoryProjection:
         (records, versions, revocations, rejections) is about a memory whose erasure key is
         recorded with it (the ledger records each erased memory's key, beside its subject's or
         conversation's), and those keys are among the ones ``state`` was read for."""
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        if not await deletion_store.erasures_changed(conn, state.read):
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        if not await erasure_guard.erasures_changed(conn, state.read):
             # The stamps may name a policy version set since the state was read.
             policies = await self._policies.policies(conn, events)
             return state if policies == state.policies else replace(state, policies=policies)
@@ -145,7 +146,7 @@ class MemoryProjection:
         keys = [
             key for event in events for key in erasure_keys(event, _head(event, records, heads))
         ]
-        read = await deletion_store.read_erasures(conn, keys)
+        read = await erasure_guard.read_erasures(conn, keys)
         policies = await self._policies.policies(conn, events)
         return MemoryState(records, read.index, read, heads, policies)
 

@@ -31,14 +31,10 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from projections.deletion.ledger import LedgerEntry, RequiredStores, plan_revocation
-from projections.idempotency import (
-    DUPLICATE_MISMATCH,
-    EventKey,
-    IdempotencyCheck,
-    ProcessedEvent,
-    Seen,
-)
+from projections.fold import BatchOutcome, BatchReducer, Covered, fold
+from projections.idempotency import EventKey
 from projections.redaction import Redactions, redact_personal
+from projections.stores import STORES
 from topics.memory import (
     AdmissionStamp,
     MemoryCorrected,
@@ -368,7 +364,7 @@ def _reviewed(
 
 
 @dataclass(slots=True)
-class BatchResult:
+class BatchResult(BatchOutcome):
     # The memories' served views (the rows of ``memories``): the served version, or the head
     # when none is served (see ``heads``).
     records: dict[MemoryKey, MemoryRecord] = field(default_factory=dict)
@@ -376,20 +372,8 @@ class BatchResult:
     # or rejected, above a version still served. None: the row is the head.
     heads: dict[MemoryKey, MemoryRecord | None] = field(default_factory=dict)
     versions: list[MemoryVersion] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
-    processed: list[ProcessedEvent] = field(default_factory=list)
-    # Events already decided (same event_id, same body): redeliveries, counted and skipped.
-    redelivered: int = 0
     # Revocations fan out to the derived stores like deletions do.
     revocations: list[LedgerEntry] = field(default_factory=list)
-    # Events whose data key a deletion destroyed, and that no erasure covers: skipped.
-    shredded: int = 0
-    # Memories refused as erased, by the deletion that covers them: the sealer may have given
-    # them a data key (it cannot know every subject an event is about), and the deletion did
-    # not know them, so their keys are destroyed with this batch. Only when the erasure covers
-    # the memory itself (its id or its subject): a version taken from an erased conversation
-    # is closed by that conversation's key, and the memory keeps its own.
-    keys_to_shred: dict[tuple[str, str], str] = field(default_factory=dict)
     # Credentials masked out of memory values before they were stored, by kind.
     redactions: Redactions = field(default_factory=Counter)
     # Admission decisions of proposals and corrections, by (decision, what decided), and the
@@ -496,6 +480,79 @@ NO_HEADS: Mapping[MemoryKey, MemoryRecord] = {}
 NO_POLICIES: Mapping[PolicyKey, Policy] = {}
 
 
+@dataclass(slots=True)
+class _MemoryBatch(BatchReducer[MemoryEvent, MemoryRecord]):
+    records: Mapping[MemoryKey, MemoryRecord]
+    heads: Mapping[MemoryKey, MemoryRecord]
+    erasures: ErasureIndex
+    policies: Mapping[PolicyKey, Policy]
+    revocation_deadline: timedelta
+    stores: RequiredStores
+    result: BatchResult
+
+    def _served(self, key: MemoryKey) -> MemoryRecord | None:
+        if key in self.result.records:
+            return self.result.records[key]
+        return self.records.get(key)
+
+    def current(self, key: MemoryKey) -> MemoryRecord | None:
+        """The memory's head: as this batch left it, else as loaded (a held or rejected head
+        above its served version, or that version)."""
+        served = self._served(key)
+        if key in self.result.records:
+            return self.result.heads.get(key) or served
+        return self.heads.get(key) or served
+
+    def refuse(
+        self,
+        event: MemoryEvent,
+        reason: RejectionReason,
+        details: str,
+        current: MemoryRecord | None,
+    ) -> Rejection:
+        return _refuse(event, reason, details, current).rejection
+
+    def covered(self, event: MemoryEvent, current: MemoryRecord | None) -> Covered | None:
+        """An erasure of the memory itself (its id or its subject) covers it whole: its data
+        key goes too. One of only the conversation the version is taken from covers its
+        content: that value was sealed under the conversation's key too, now destroyed, and
+        the memory keeps its own key."""
+        whole = self.erasures.covering(memory_erasure_keys(event, current), event.occurred_at)
+        if whole is not None:
+            return Covered(whole)
+        source_key = source_erasure_key(event, current)
+        taken_from_erased = (
+            None if source_key is None else self.erasures.covering([source_key], event.occurred_at)
+        )
+        return None if taken_from_erased is None else Covered(taken_from_erased, whole=False)
+
+    def keep_erased(self, event: MemoryEvent, key: MemoryKey, current: MemoryRecord | None) -> None:
+        """The version keeps its place in the history without its content, so that a later
+        correction from elsewhere applies, live and in a rebuild alike."""
+        decision = evolve(event, current, admission_of(event, self.policies))
+        if isinstance(decision, Applied):
+            self.result.place(key, _erased_version(decision.version), None)
+
+    def apply(
+        self, event: MemoryEvent, key: MemoryKey, current: MemoryRecord | None
+    ) -> Rejection | None:
+        served = self._served(key)
+        admission = replace(admission_of(event, self.policies), served=served)
+        decision = evolve(_redacted(event, self.result.redactions), current, admission)
+        _count(self.result, decision)
+        if isinstance(decision, Refused):
+            return decision.rejection
+        self.result.place(key, decision.version.record, served)
+        self.result.versions.append(decision.version)
+        if isinstance(event, MemoryRevoked):
+            self.result.revocations.append(
+                plan_revocation(
+                    event, decision.version.record, self.revocation_deadline, self.stores
+                )
+            )
+        return None
+
+
 def reduce_batch(
     events: Iterable[MemoryEvent],
     records: Mapping[MemoryKey, MemoryRecord],
@@ -515,67 +572,11 @@ def reduce_batch(
     Only the records the batch changed are returned; the inputs are not modified.
     """
     result = BatchResult()
-    idempotency = IdempotencyCheck(seen)
-    for event in events:
-        seen_before = idempotency.check(event)
-        if seen_before is Seen.REDELIVERED:
-            continue
-        key = (event.tenant_id, event.memory_id)
-        if key in result.records:
-            served: MemoryRecord | None = result.records[key]
-            current = result.heads.get(key) or served
-        else:
-            served = records.get(key)
-            current = heads.get(key) or served
-        if seen_before is Seen.MISMATCH:
-            result.rejections.append(
-                _refuse(
-                    event, RejectionReason.DUPLICATE_MISMATCH, DUPLICATE_MISMATCH, current
-                ).rejection
-            )
-            continue
-        whole = erasures.covering(memory_erasure_keys(event, current), event.occurred_at)
-        if whole is not None:
-            # The erasure covers the memory itself: its data key goes too (the sealer may have
-            # made one for this event, not knowing every subject an event is about).
-            result.keys_to_shred[key] = whole.deletion_id
-            result.rejections.append(
-                _refuse(event, RejectionReason.ERASED, whole.describe(), current).rejection
-            )
-            continue
-        source_key = source_erasure_key(event, current)
-        taken_from_erased = (
-            None if source_key is None else erasures.covering([source_key], event.occurred_at)
-        )
-        if taken_from_erased is not None:
-            # The version's content came from an erased conversation, the memory is not erased:
-            # the version keeps its place in the history without its content (so that a later
-            # correction from elsewhere applies, live and in a rebuild alike) and is refused as
-            # erased. Its value was sealed under that conversation's key too, now destroyed.
-            decision = evolve(event, current, admission_of(event, policies))
-            if isinstance(decision, Applied):
-                result.place(key, _erased_version(decision.version), None)
-            result.rejections.append(
-                _refuse(
-                    event, RejectionReason.ERASED, taken_from_erased.describe(), current
-                ).rejection
-            )
-            continue
-        if not event.readable:
-            result.shredded += 1
-            continue
-        admission = replace(admission_of(event, policies), served=served)
-        decision = evolve(_redacted(event, result.redactions), current, admission)
-        _count(result, decision)
-        if isinstance(decision, Refused):
-            result.rejections.append(decision.rejection)
-            continue
-        result.place(key, decision.version.record, served)
-        result.versions.append(decision.version)
-        if isinstance(event, MemoryRevoked):
-            result.revocations.append(
-                plan_revocation(event, decision.version.record, revocation_deadline, stores)
-            )
-    result.processed = idempotency.processed
-    result.redelivered = idempotency.redelivered
+    required = STORES.requirements if stores is None else stores
+    fold(
+        events,
+        seen,
+        _MemoryBatch(records, heads, erasures, policies, revocation_deadline, required, result),
+        result,
+    )
     return result

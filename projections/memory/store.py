@@ -1,9 +1,10 @@
-"""PostgreSQL persistence of the memory projection: load the records a batch touches, save the
-batch's new records and history, and answer reads (recall, provenance)."""
+"""PostgreSQL persistence of the memory projection (``memories``, ``memory_versions``): load the
+records a batch touches, save the batch's new records and history, answer reads (recall,
+provenance), and find and erase what a deletion covers."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,8 +13,9 @@ import orjson
 from psycopg.rows import dict_row
 
 from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
+from projections.deletion.erasure import ErasureScope
 from projections.memory.reducer import BatchResult, MemoryKey, MemoryVersion
-from topics.outputs import MemoryRecord, MemoryStatus
+from topics.outputs import ELIGIBLE_STATUSES, MemoryRecord, MemoryStatus
 
 RECORD_COLUMNS = (
     "tenant_id, memory_id, subject_type, subject_id, scope, kind, value, source_type,"
@@ -422,3 +424,91 @@ async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]
         (now,),
     )
     return {str(r[0]): (int(r[1]), float(r[2])) for r in await cursor.fetchall()}
+
+
+async def memories_from_conversation(
+    conn: Conn, tenant_id: str, conversation_id: str
+) -> list[MemoryRecord]:
+    """Every memory whose source is a message of this conversation, whatever its status."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            f"SELECT {RECORD_COLUMNS} FROM memories"
+            " WHERE tenant_id = %s AND source_conversation_id = %s ORDER BY memory_id",
+            (tenant_id, conversation_id),
+        )
+        return [record_from_row(row) for row in await cursor.fetchall()]
+
+
+async def held_versions(conn: Conn, keys: Sequence[MemoryKey]) -> dict[MemoryKey, tuple[int, str]]:
+    """The version and status of each of these memories the projection holds."""
+    if not keys:
+        return {}
+    cursor = await conn.execute(
+        "SELECT tenant_id, memory_id, version, status FROM memories"
+        f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
+        (keyset_param(keys),),
+    )
+    return {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
+
+
+async def count_recallable(conn: Conn, tenant_id: str, memory_ids: Sequence[str]) -> int:
+    """How many of these memories recall may return (by status)."""
+    cursor = await conn.execute(
+        "SELECT count(*) FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)"
+        f" AND status IN ({', '.join(repr(status) for status in ELIGIBLE_STATUSES)})",
+        (tenant_id, list(memory_ids)),
+    )
+    row = await cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- erasure ------------------------------------------------------------------------------------
+
+
+async def memories_about(
+    conn: Conn, tenant_id: str, subject_type: str | None, subject_id: str
+) -> list[str]:
+    """The ids of the memories about a subject."""
+    cursor = await conn.execute(
+        "SELECT memory_id FROM memories"
+        " WHERE tenant_id = %s AND subject_type = %s AND subject_id = %s",
+        (tenant_id, subject_type, subject_id),
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def memories_taken_from(
+    conn: Conn, tenant_id: str, conversation_ids: Sequence[str]
+) -> list[str]:
+    """The ids of the memories whose source points into these conversations."""
+    cursor = await conn.execute(
+        "SELECT memory_id FROM memories WHERE tenant_id = %s AND source_conversation_id = ANY(%s)",
+        (tenant_id, list(conversation_ids)),
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def memory_values(
+    conn: Conn, tenant_id: str, memory_ids: Sequence[str]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(id, kind, value) of these memories."""
+    cursor = await conn.execute(
+        "SELECT memory_id, kind, value FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+        (tenant_id, list(memory_ids)),
+    )
+    return [(row[0], row[1], row[2]) for row in await cursor.fetchall()]
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """The erased memories and their history, and every version taken from an erased
+    conversation (a memory not erased keeps its other versions)."""
+    memories = list(scope.memories)
+    await conn.execute(
+        "DELETE FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
+        (scope.tenant_id, memories),
+    )
+    await conn.execute(
+        "DELETE FROM memory_versions WHERE tenant_id = %s"
+        " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
+        (scope.tenant_id, memories, list(scope.conversations)),
+    )

@@ -179,6 +179,28 @@ def as_master_keys(master: bytes | MasterKeys) -> MasterKeys:
     return master if isinstance(master, MasterKeys) else MasterKeys.single(master)
 
 
+class KeyWrapping:
+    """Data keys wrapped under one key per master key, derived from it for one ``purpose``
+    (``None``: the master key itself, the entity keys' first format only). The newest master
+    key wraps; a key opens with the master key that wrapped it. The one wrapping routine of
+    every stored data key (the entities' and the dead letters')."""
+
+    def __init__(self, master_keys: MasterKeys, purpose: bytes | None) -> None:
+        self.master_keys = master_keys
+        self._keys = {
+            key_id: key if purpose is None else derive_key(key, purpose)
+            for key_id, key in master_keys
+        }
+
+    def wrap(self, data_key: bytes, associated: bytes) -> bytes:
+        """``data_key`` wrapped by the newest master key."""
+        return wrap_key(self._keys[self.master_keys.newest_id], data_key, associated)
+
+    def unwrap(self, wrapped: bytes, associated: bytes, master_key_id: str) -> bytes:
+        self.master_keys.key(master_key_id)  # names a missing master key clearly
+        return unwrap_key(self._keys[master_key_id], wrapped, associated)
+
+
 def parse_master_keys(text: str | SecretStr, setting: str = "MEMPROJ_MASTER_KEYS") -> MasterKeys:
     """``id:base64`` entries separated by commas or whitespace (a mounted file may hold one a
     line), newest first."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey, ProcessedEvent
 from projections.outcome import Outcome
 from projections.sealing.sealer import Sealed, Sealer, SealingState
@@ -173,7 +173,7 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         # either committed before (its erasures are read below, and no key is created for
         # what it erased) or waits until this batch commits. The projection's own load takes
         # them again (granted at once: this transaction holds them).
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         sealing = await self.sealer.read(conn, events, locked=True)
         return FusedState(sealing, await self.projection.load(conn, self._stamped(events, sealing)))
 
@@ -191,7 +191,7 @@ class SealingProjection(Generic[EventT, StateT, OutcomeT]):
         another worker meanwhile), the projection's as the projection's ``lock`` says."""
         if not self.projection.locks_late:
             return state  # read under the locks
-        await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+        await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         sealing = state.sealing
         if not await self.sealer.confirm(conn, sealing):
             sealing = await self.sealer.read(conn, events, locked=True)

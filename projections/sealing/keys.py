@@ -20,20 +20,20 @@ by the key it knows during an upgrade.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 from projections.bookkeeping import Conn, keyset, keyset_param
+from projections.deletion.erasure import ErasureScope
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
+    KeyWrapping,
     MasterKeys,
     as_master_keys,
-    derive_key,
     encode_associated,
     new_data_key,
-    unwrap_key,
-    wrap_key,
 )
 from projections.sealing.fields import EntityRef, entity_name
+from projections.sealing.rewrap import Rewrapped, rewrap_keys
 
 WRAP_FORMAT = 2
 _WRAPPING_PURPOSE = b"memproj/entity-key-wrapping/v2"
@@ -50,9 +50,9 @@ def wrap_associated(ref: EntityRef, wrap_format: int) -> bytes:
 class KeyStore:
     def __init__(self, master_keys: bytes | MasterKeys) -> None:
         self.master_keys = as_master_keys(master_keys)
-        self._wrapping = {
-            key_id: {1: key, 2: derive_key(key, _WRAPPING_PURPOSE)}
-            for key_id, key in self.master_keys
+        self._formats = {
+            1: KeyWrapping(self.master_keys, None),
+            2: KeyWrapping(self.master_keys, _WRAPPING_PURPOSE),
         }
 
     @property
@@ -62,8 +62,7 @@ class KeyStore:
 
     def wrap(self, ref: EntityRef, data_key: bytes, wrap_format: int = WRAP_FORMAT) -> bytes:
         """``data_key`` wrapped by the newest master key."""
-        wrapping = self._wrapping[self.key_id][wrap_format]
-        return wrap_key(wrapping, data_key, wrap_associated(ref, wrap_format))
+        return self._formats[wrap_format].wrap(data_key, wrap_associated(ref, wrap_format))
 
     def unwrap(
         self,
@@ -74,9 +73,9 @@ class KeyStore:
     ) -> bytes:
         if wrap_format not in (1, 2):
             raise ValueError(f"unknown key wrap format {wrap_format} of {entity_name(ref)}")
-        self.master_keys.key(master_key_id)  # names a missing key clearly
-        wrapping = self._wrapping[master_key_id][wrap_format]
-        return unwrap_key(wrapping, wrapped, wrap_associated(ref, wrap_format))
+        return self._formats[wrap_format].unwrap(
+            wrapped, wrap_associated(ref, wrap_format), master_key_id
+        )
 
     async def rekeyed(self, conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:
         """Of ``refs`` (entities that have a key), those whose earlier key an erasure
@@ -139,40 +138,27 @@ class KeyStore:
 # -- rotation -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Rewrapped:
-    """One batch of a rotation: how many keys it re-wrapped, and the master keys they left."""
-
-    count: int
-    from_keys: dict[str, int]
-
-
 async def rewrap_batch(conn: Conn, store: KeyStore, limit: int) -> Rewrapped:
     """Re-wrap up to ``limit`` data keys not wrapped by the newest master key in the current
-    format, in the caller's transaction. Rows another transaction holds are skipped (SKIP
-    LOCKED) and found by a later batch; a key shredded meanwhile is not there to update, so a
-    rotation never brings one back (it only updates rows, never inserts)."""
-    cursor = await conn.execute(
+    format, in the caller's transaction (``rewrap_keys``: rows held elsewhere are left to a
+    later batch, a key shredded meanwhile is not brought back)."""
+
+    def rewrap(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
+        tenant, entity_type, entity_id, wrapped, wrap_format, key_id = row
+        ref = (tenant, entity_type, entity_id)
+        data_key = store.unwrap(ref, bytes(wrapped), wrap_format, key_id)
+        return (store.wrap(ref, data_key), WRAP_FORMAT, store.key_id, *ref), key_id
+
+    return await rewrap_keys(
+        conn,
         "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
         " FROM entity_keys WHERE master_key_id <> %s OR wrap_format <> %s"
         " ORDER BY tenant_id, entity_type, entity_id LIMIT %s FOR UPDATE SKIP LOCKED",
         (store.key_id, WRAP_FORMAT, limit),
+        rewrap,
+        "UPDATE entity_keys SET wrapped_key = %s, wrap_format = %s, master_key_id = %s"
+        " WHERE tenant_id = %s AND entity_type = %s AND entity_id = %s",
     )
-    rows = []
-    from_keys: dict[str, int] = {}
-    for tenant, entity_type, entity_id, wrapped, wrap_format, key_id in await cursor.fetchall():
-        ref = (tenant, entity_type, entity_id)
-        data_key = store.unwrap(ref, bytes(wrapped), wrap_format, key_id)
-        rows.append((store.wrap(ref, data_key), WRAP_FORMAT, store.key_id, *ref))
-        from_keys[key_id] = from_keys.get(key_id, 0) + 1
-    if rows:
-        async with conn.cursor() as update:
-            await update.executemany(
-                "UPDATE entity_keys SET wrapped_key = %s, wrap_format = %s, master_key_id = %s"
-                " WHERE tenant_id = %s AND entity_type = %s AND entity_id = %s",
-                rows,
-            )
-    return Rewrapped(len(rows), from_keys)
 
 
 async def count_not_newest(conn: Conn, store: KeyStore) -> dict[str, int]:
@@ -216,6 +202,17 @@ async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
         (deletion_id, keys_param),
     )
     return cursor.rowcount
+
+
+async def erase(conn: Conn, scope: ErasureScope) -> None:
+    """Crypto-shredding: the sealed log keeps the erased memories' and conversations' events,
+    but no key opens them any more."""
+    await shred(
+        conn,
+        [(scope.tenant_id, "memory", m) for m in scope.memories]
+        + [(scope.tenant_id, "conversation", c) for c in scope.conversations],
+        scope.deletion_id,
+    )
 
 
 async def ever_shredded(conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:

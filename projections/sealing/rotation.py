@@ -171,8 +171,8 @@ async def rotate(conn: Conn, sealers: Sealers, batch: int = DEFAULT_BATCH) -> Ro
         while True:
             async with conn.transaction():
                 letters = await rewrap_letter_keys(conn, sealers.letter_keys, batch)
-            report.letter_keys.update(letters)
-            if sum(letters.values()) < batch:
+            report.letter_keys.update(letters.from_keys)
+            if letters.count < batch:
                 break
         await reseal_probes(conn, sealers.probes, batch, report)
         await remaining(conn, sealers, report)

@@ -21,7 +21,7 @@ import orjson
 
 from projections.admission.evidence import Stamps, read_stamps
 from projections.bookkeeping import Conn, OutboxMessage
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
 from projections.idempotency import EventKey, ProcessedEvent
 from projections.sealing.crypto import new_data_key
@@ -56,7 +56,7 @@ class SealingState:
     erasures: ErasureIndex
     # Read without the tenant locks (``Sealer.read``): what was read of the erasure index, and
     # the keys made for entities that had none, not stored yet (``Sealer.confirm`` does).
-    read: deletion_store.ErasuresRead = field(default_factory=deletion_store.ErasuresRead)
+    read: erasure_guard.ErasuresRead = field(default_factory=erasure_guard.ErasuresRead)
     proposed: dict[EntityRef, bytes] = field(default_factory=dict)
     # The admission stamps of the batch's memory events (``projections.admission.evidence``).
     stamps: Stamps = field(default_factory=dict)
@@ -125,7 +125,7 @@ class Sealer:
         so that a deletion either committed before (its erasure is read, no key is created
         for what it erased) or waits for this batch."""
         if not locked:
-            await deletion_store.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
+            await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
         return await self.read(conn, events, locked=True)
 
     async def read(self, conn: Conn, events: Sequence[Envelope], *, locked: bool) -> SealingState:
@@ -133,7 +133,7 @@ class Sealer:
         tenant locks, and a key is created for each entity that has none. Otherwise nothing is
         written: such an entity gets a key in ``proposed``, which ``confirm`` stores once the
         caller holds the locks, if no erasure of these entities was recorded meanwhile."""
-        read = await deletion_store.read_erasures(
+        read = await erasure_guard.read_erasures(
             conn, (_erasure_key(ref) for event in events for ref in event_sealing_keys(event))
         )
         erasures = read.index
@@ -151,7 +151,7 @@ class Sealer:
         holds, its proposed keys now stored. False if an erasure of its entities was recorded
         since (nothing is stored) or another worker gave one of them a key meanwhile: the
         caller reads again under the locks."""
-        if await deletion_store.erasures_changed(conn, state.read):
+        if await erasure_guard.erasures_changed(conn, state.read):
             return False
         return await self._keys.add(conn, state.proposed) == set(state.proposed)
 

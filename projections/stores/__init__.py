@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import get_args
 
 from projections.stores.base import DerivedStore, Erased, StoreResources
 from projections.stores.cache import CacheStore
 from projections.stores.embeddings import EmbeddingsStore
 from projections.stores.tables import ContextStore, SummariesStore
-from topics.deletion import TargetType
+from topics.deletion import StoreName, TargetType
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,11 @@ class StoreRegistry:
         """The stores that must acknowledge a deletion of ``target``: those that hold
         copies."""
         return tuple(store.name for store in self.stores if target in store.covers)
+
+    @property
+    def requirements(self) -> dict[TargetType, tuple[StoreName, ...]]:
+        """``required`` of every target: the plain data the deletion ledger plans with."""
+        return {target: self.required(target) for target in get_args(TargetType)}
 
     def open_all(self, resources: StoreResources) -> list[DerivedStore]:
         return [store.open(resources) for store in self.stores]

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TypeVar
 
 from projections.bookkeeping import Conn
-from projections.deletion import store as deletion_store
+from projections.deletion import probes as deletion_probes
 from projections.deletion.coverage import keys_of
 from projections.deletion.derived import erased_by, erased_by_each, first_claims, match_of
 from projections.deletion.erasure import ErasureIndex
@@ -37,7 +37,7 @@ SCAN_BATCH_ROWS = 4096
 # How many nearest entries of each probe vector the verification probe looks at.
 PROBE_HITS = 5
 _Entry = TypeVar("_Entry", VectorEntry, EntryRef)
-# The probe vectors of an erasure (``deletion_store.load_probes``: item type, id, vector).
+# The probe vectors of an erasure (``deletion_probes.load_probes``: item type, id, vector).
 ProbeLoader = Callable[[Conn, str, str, ProbeSealer], Awaitable[list[tuple[str, str, list[float]]]]]
 
 
@@ -53,7 +53,7 @@ class EmbeddingsStore(DerivedStore):
     monitor need only once an erasure is verified or audited.
 
     ``load_probes`` reads an erasure's probe vectors; by default from the ledger's tables
-    (``deletion_store.load_probes``), and a test of the store without PostgreSQL gives its own.
+    (``deletion_probes.load_probes``), and a test of the store without PostgreSQL gives its own.
     """
 
     name = "embeddings"
@@ -170,7 +170,7 @@ class EmbeddingsStore(DerivedStore):
         found |= {
             f"id:{e.id}" for e in await asyncio.to_thread(self._vectors.get, tenant, memories)
         }
-        load = self._load_probes or deletion_store.load_probes
+        load = self._load_probes or deletion_probes.load_probes
         probes = await load(conn, tenant, tombstone.deletion_id, self._probes)
         vectors = [vector for _, _, vector in probes]
         for hits in await asyncio.to_thread(self._vectors.nearest, tenant, vectors, PROBE_HITS):

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, OutboxMessage, keyset, keyset_param
+from projections.bookkeeping import Conn, OutboxMessage
+from projections.conversation import store as conversation_store
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.sealing import Position
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.indexer import (
     Authoritative,
@@ -30,6 +31,7 @@ from projections.embeddings.indexer import (
     plan_index,
 )
 from projections.embeddings.vectors import VectorStore, check_embedder
+from projections.memory import store as memory_store
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
@@ -182,13 +184,13 @@ class EmbeddingsIndexer:
             # waits, a second or more each under load (ops/decisions/erasure-latency.md).
             async with self._pool.connection() as conn:
                 async with self._writes, conn.transaction():
-                    if await deletion_store.try_lock_tenants_shared(conn, tenants):
+                    if await erasure_guard.try_lock_tenants_shared(conn, tenants):
                         plan = await self._index_locked(conn, updates)
                 if plan is None:
                     # A deletion of one of these tenants holds or awaits its lock: wait until
                     # it has committed, holding nothing else, and try again.
                     async with conn.transaction():
-                        await deletion_store.lock_tenants(conn, tenants, exclusive=False)
+                        await erasure_guard.lock_tenants(conn, tenants, exclusive=False)
         await self._publisher.publish(
             [
                 OutboxMessage(
@@ -235,24 +237,9 @@ class EmbeddingsIndexer:
                 if isinstance(u, MessageUpdate)
             }
         )
-        held_memories: dict[tuple[str, str], tuple[int, str]] = {}
-        if memories:
-            cursor = await conn.execute(
-                "SELECT tenant_id, memory_id, version, status FROM memories"
-                f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
-                (keyset_param(memories),),
-            )
-            held_memories = {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
-        held_messages: set[tuple[str, str, str]] = set()
-        if messages:
-            cursor = await conn.execute(
-                "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-                f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
-                " USING (tenant_id, conversation_id, message_id)",
-                (keyset_param(messages),),
-            )
-            held_messages = {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
-        erasures = await deletion_store.load_erasures(
+        held_memories = await memory_store.held_versions(conn, memories)
+        held_messages = await conversation_store.held_messages(conn, messages)
+        erasures = await erasure_guard.load_erasures(
             conn, (key for update in updates for key in erasure_keys(update))
         )
         return Authoritative(held_memories, held_messages, erasures)

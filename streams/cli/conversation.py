@@ -12,6 +12,7 @@ from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.conversation import store
+from projections.memory import store as memory_store
 from streams import reads
 from streams.cli.common import echo_json, paused_refusal, settings_of, with_connection
 
@@ -103,7 +104,7 @@ def conversation_memories(
     """Memories whose source is a message of this conversation (any status)."""
     records = with_connection(
         settings_of(ctx),
-        lambda conn: store.memories_from_conversation(conn, tenant, conversation_id),
+        lambda conn: memory_store.memories_from_conversation(conn, tenant, conversation_id),
     )
     if as_json:
         echo_json([r.model_dump(mode="json") for r in records])

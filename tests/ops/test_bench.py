@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from projections.deletion import store as deletion_store
+from projections.deletion import probes as deletion_probes
 from streams.progress import end_offsets
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
@@ -198,7 +198,7 @@ def test_the_store_memory_scenarios_run_on_a_small_store(
 ) -> None:
     """Each kind's part, in this process, on a store where every erased subject has entries:
     the audit finds their ghosts, the verification finds nothing once they are erased."""
-    monkeypatch.setattr(deletion_store, "load_probes", deletion_store.load_probes)
+    monkeypatch.setattr(deletion_probes, "load_probes", deletion_probes.load_probes)
     store = tmp_path / "store"
     store_memory.build(store, 400)
     shutil.copytree(store, tmp_path / "erased")

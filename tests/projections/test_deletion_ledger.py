@@ -26,6 +26,7 @@ from projections.deletion.projection import LedgerCodec
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.indexer import Authoritative, MemoryUpdate, plan_index
 from projections.memory.reducer import reduce_batch
+from projections.stores import STORES
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested
@@ -68,7 +69,7 @@ RESOLVED = ResolvedTarget(
 
 def test_an_erasure_covers_its_items_and_the_target_with_a_deadline() -> None:
     event = request({"type": "subject", "id": "alice", "subject_type": "user"})
-    entry = plan_erasure(event, RESOLVED, timedelta(hours=1))
+    entry = plan_erasure(event, RESOLVED, timedelta(hours=1), STORES.requirements)
     assert entry.cut_off == event.occurred_at
     assert entry.deadline_at == event.occurred_at + timedelta(hours=1)
     assert entry.required_stores == ("embeddings", "summaries", "cache", "context")
@@ -85,14 +86,15 @@ def test_an_erasure_covers_its_items_and_the_target_with_a_deadline() -> None:
     ]  # fmt: skip
     assert tombstone.conversation_ids() == ["c1"]
     named = plan_erasure(request({"type": "memory", "id": "m1"}, NOW + timedelta(minutes=5)),
-                         ResolvedTarget(memories=("m1",)), timedelta(hours=1))  # fmt: skip
+                         ResolvedTarget(memories=("m1",)), timedelta(hours=1),
+                         STORES.requirements)  # fmt: skip
     assert named.deadline_at == NOW + timedelta(minutes=5)
     assert named.required_stores == ("embeddings", "cache")
 
 
 def test_acknowledgements_complete_a_request_once_and_are_idempotent() -> None:
     entry = plan_erasure(request({"type": "memory", "id": "m1"}), ResolvedTarget(memories=("m1",)),
-                         timedelta(hours=1))  # fmt: skip
+                         timedelta(hours=1), STORES.requirements)  # fmt: skip
     state = initial_state(entry)
     failed = apply_ack(ack("cache", "failed"), state)
     assert failed.stores["cache"].status == "failed" and failed.stores["cache"].attempts == 1
@@ -114,10 +116,11 @@ def test_the_batch_reducer_refuses_repeats_and_unknown_requests() -> None:
         {},
         {},
         timedelta(hours=1),
+        STORES.requirements,
     )
     assert len(batch.entries) == 1 and batch.redelivered == 1
     assert [s.deletion_id for s in batch.completed] == ["d1"]
-    orphan = reduce_ledger([ack("cache")], {}, {}, {}, timedelta(hours=1))
+    orphan = reduce_ledger([ack("cache")], {}, {}, {}, timedelta(hours=1), STORES.requirements)
     assert [r.reason for r in orphan.rejections] == [RejectionReason.UNKNOWN_DELETION]
 
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from projections.embeddings import lance
-from projections.embeddings.factory import WORDLLAMA_NAME, build_embedder
+from projections.embeddings.embedder import WORDLLAMA_NAME
+from projections.embeddings.factory import build_embedder
 from projections.embeddings.lance import (
     DIM_KEY,
     INDEXED_COLUMNS,

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from projections.embeddings.embedder import Embedder, wordless_vector
-from projections.embeddings.factory import (
+from projections.embeddings.embedder import (
     WORDLLAMA_DIM,
     WORDLLAMA_NAME,
-    build_embedder,
-    embedder_identity,
+    Embedder,
+    wordless_vector,
 )
+from projections.embeddings.factory import build_embedder, embedder_identity
 from projections.embeddings.wordllama import (
     BATCH_CHARS,
     BATCH_TEXTS,

@@ -184,16 +184,18 @@ def test_the_registries_take_the_store_without_changing_memprojs() -> None:
 def test_the_ledger_waits_for_its_acknowledgement() -> None:
     stores = WITH_TOY.stores
     erasure = request("d_toy", {"type": "memory", "id": "m1"})
-    entry = plan_erasure(erasure, ResolvedTarget(memories=("m1",)), DEADLINE, stores)
+    entry = plan_erasure(erasure, ResolvedTarget(memories=("m1",)), DEADLINE, stores.requirements)
     # Like every store that holds copies of memories (summaries and context hold none).
     assert entry.required_stores == ("embeddings", "cache", "toy")
 
     key = (TENANT, "d_toy")
-    batch = reduce_ledger([erasure], {key: ResolvedTarget()}, {}, {}, DEADLINE, stores)
+    batch = reduce_ledger([erasure], {key: ResolvedTarget()}, {}, {}, DEADLINE, stores.requirements)
     others = [ack("d_toy", store) for store in ("embeddings", "cache")]
-    batch = reduce_ledger(others, {}, batch.states, {}, DEADLINE, stores)
+    batch = reduce_ledger(others, {}, batch.states, {}, DEADLINE, stores.requirements)
     assert not batch.states[key].completed and batch.states[key].stores["toy"].status == "pending"
-    batch = reduce_ledger([ack("d_toy", "toy")], {}, batch.states, {}, DEADLINE, stores)
+    batch = reduce_ledger(
+        [ack("d_toy", "toy")], {}, batch.states, {}, DEADLINE, stores.requirements
+    )
     assert batch.states[key].completed
 
     # Its acknowledgements are accepted by the ledger that knows it, refused by another.
@@ -210,7 +212,7 @@ def test_a_revocation_waits_for_it_too() -> None:
     codec = EventCodec(default_schemas(), frozenset({"memory.proposed", "memory.revoked"}))
     raw = [f.proposed(TENANT, "m1", ("user", "alice")), f.revoked(TENANT, "m1")]
     events = [cast(MemoryEvent, codec.decode(*to_message(event))) for event in raw]
-    (revocation,) = reduce_batch(events, {}, {}, stores=WITH_TOY.stores).revocations
+    (revocation,) = reduce_batch(events, {}, {}, stores=WITH_TOY.stores.requirements).revocations
     assert revocation.required_stores == ("embeddings", "cache", "toy")
 
 
@@ -261,7 +263,7 @@ def test_its_worker_honours_tombstones_of_the_registry_it_is_built_from() -> Non
         request("d_toy", {"type": "memory", "id": "m1"}),
         ResolvedTarget(memories=("m1",)),
         DEADLINE,
-        WITH_TOY.stores,
+        WITH_TOY.stores.requirements,
     ).tombstone()
     acks, letters = honour(tombstone, WITH_TOY.stores)
     assert [(a["store"], a["status"], a["removed_count"]) for a in acks] == [("toy", "done", 1)]

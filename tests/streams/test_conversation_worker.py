@@ -13,6 +13,7 @@ import pytest
 from projections.conversation import store
 from projections.conversation.context import ContextSettings, build_context
 from projections.conversation.reducer import reduce_batch
+from projections.memory import store as memory_store
 from streams.sample import EventFactory, to_message
 from support.deadletters import open_topic_letters
 from topics.codec import EventCodec
@@ -227,7 +228,7 @@ def test_tenant_b_reads_nothing_of_tenant_a(env: Any) -> None:
 
     assert read(env, lambda c: store.load_conversation(c, "tenant_b", "c1")) is None
     assert read(env, lambda c: store.load_context(c, "tenant_b", "c1")) is None
-    assert read(env, lambda c: store.memories_from_conversation(c, "tenant_b", "c1")) == []
+    assert read(env, lambda c: memory_store.memories_from_conversation(c, "tenant_b", "c1")) == []
     assert read(env, lambda c: store.load_conversation(c, "tenant_a", "c1")) is not None
 
 
@@ -244,7 +245,7 @@ def test_memories_derived_from_a_conversation_are_listed_from_it(env: Any) -> No
     )
     env.worker("memory")
     env.wait_caught_up()
-    found = read(env, lambda c: store.memories_from_conversation(c, "acme", "c1"))
+    found = read(env, lambda c: memory_store.memories_from_conversation(c, "acme", "c1"))
     assert sorted(r.memory_id for r in found) == ["mem_fixed", "mem_rain"]
 
 

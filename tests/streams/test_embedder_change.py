@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from projections.embeddings.factory import WORDLLAMA_NAME
+from projections.embeddings.embedder import WORDLLAMA_NAME
 from projections.embeddings.vectors import EmbedderMismatch, Match
 from projections.memory.store import RecallQuery
 from streams import reads

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn
-from projections.deletion.store import lock_tenants
+from projections.deletion.guard import lock_tenants
 from projections.embeddings.indexer import MemoryUpdate
 from projections.embeddings.lance import LanceVectorStore
 from projections.sealing.keys import KeyStore

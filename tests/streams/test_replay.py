@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from projections.deletion import store as deletion_store
+from projections.deletion import guard as erasure_guard
 from projections.memory import store as memory_store
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult
@@ -314,22 +314,22 @@ def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> Non
         ):
             await erasure.execute("SET lock_timeout = '200ms'")
             async with swap.transaction():
-                await deletion_store.hold_erasures(swap)
+                await erasure_guard.hold_erasures(swap)
                 try:
                     async with erasure.transaction():
-                        await deletion_store.lock_tenants(erasure, ["acme"], exclusive=True)
+                        await erasure_guard.lock_tenants(erasure, ["acme"], exclusive=True)
                     erased_during_swap = True
                 except psycopg.errors.LockNotAvailable:
                     erased_during_swap = False
             async with erasure.transaction():
-                await deletion_store.lock_tenants(erasure, ["acme"], exclusive=True)
+                await erasure_guard.lock_tenants(erasure, ["acme"], exclusive=True)
                 # Projections take tenant locks shared: they never wait on a swap.
                 await swap.execute("SET lock_timeout = '200ms'")
                 async with swap.transaction():
-                    await deletion_store.lock_tenants(swap, ["other"], exclusive=False)
+                    await erasure_guard.lock_tenants(swap, ["other"], exclusive=False)
                 try:
                     async with swap.transaction():
-                        await deletion_store.hold_erasures(swap)
+                        await erasure_guard.hold_erasures(swap)
                     swapped_during_erasure = True
                 except psycopg.errors.LockNotAvailable:
                     swapped_during_erasure = False
