@@ -23,6 +23,12 @@ def conversation_key(tenant_id: str, conversation_id: str) -> EntityKey:
     return (tenant_id, "conversation", "", conversation_id)
 
 
+def conversation_content_key(tenant_id: str, conversation_id: str) -> EntityKey:
+    """A conversation's content erased (a retention erasure): its messages, summaries and
+    context view, not the memories whose source points into it."""
+    return (tenant_id, "conversation_content", "", conversation_id)
+
+
 def memory_key(tenant_id: str, memory_id: str) -> EntityKey:
     return (tenant_id, "memory", "", memory_id)
 

@@ -9,13 +9,14 @@ state until every required store is done.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
 from projections.deletion.erasure import (
     EntityKey,
+    conversation_content_key,
     conversation_key,
     memory_key,
     subject_key,
@@ -99,6 +100,8 @@ class LedgerEntry:
     resolved: ResolvedTarget
     # The erasure index rows; empty for a revocation, which removes derived copies only.
     erased: tuple[EntityKey, ...] = ()
+    # "content": a conversation's content only, the memories taken from it are kept.
+    scope: Literal["all", "content"] = "all"
 
     def tombstone(self) -> Tombstone:
         return Tombstone(
@@ -111,6 +114,7 @@ class LedgerEntry:
             cut_off=self.cut_off,
             deadline_at=self.deadline_at,
             required_stores=self.required_stores,
+            scope=self.scope,
         )
 
 
@@ -123,12 +127,16 @@ def plan_erasure(
     payload = event.payload
     target = payload.target
     tenant = event.tenant_id
+    scope: Literal["all", "content"] = "content" if payload.scope == "content" else "all"
+    # A content erasure has an index entry of its own: it covers the conversation's rows,
+    # not the memories whose source points into it (``coverage``).
+    of_conversation = conversation_content_key if scope == "content" else conversation_key
     erased: list[EntityKey] = [memory_key(tenant, m) for m in resolved.memories]
-    erased += [conversation_key(tenant, c) for c in resolved.conversations]
+    erased += [of_conversation(tenant, c) for c in resolved.conversations]
     if target.type == "subject" and target.subject_type is not None:
         erased.append(subject_key(tenant, target.subject_type, target.id))
     elif target.type == "conversation":
-        erased.append(conversation_key(tenant, target.id))
+        erased.append(of_conversation(tenant, target.id))
     else:
         erased.append(memory_key(tenant, target.id))
     return LedgerEntry(
@@ -143,6 +151,7 @@ def plan_erasure(
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
+        scope=scope,
     )
 
 
@@ -261,7 +270,11 @@ def reduce_ledger(
     seen: Mapping[EventKey, bytes],
     default_deadline: timedelta,
     stores: RequiredStores | None = None,
+    holds: Mapping[RequestKey, Sequence[HeldBy]] | None = None,
 ) -> LedgerBatch:
+    """``holds``: per request, the legal holds on what it would erase (in force or
+    released): a request that occurred while one was in force is refused, and recorded as
+    refused (``legal_hold``), whenever the ledger decides it again."""
     batch = LedgerBatch()
     idempotency = IdempotencyCheck(seen)
     for event in events:
@@ -283,6 +296,17 @@ def reduce_ledger(
                     )
                 )
                 continue
+            hold = held_by((holds or {}).get(key, ()), event.occurred_at)
+            if hold is not None:
+                batch.rejections.append(
+                    Rejection.of(
+                        event,
+                        RejectionReason.LEGAL_HOLD,
+                        f"refused: {hold.description} is in force",
+                    )
+                )
+                batch.applied.append(event.event_type)
+                continue
             entry = plan_erasure(event, resolved[key], default_deadline, stores)
             batch.entries.append(entry)
             batch.states[key] = initial_state(entry)
@@ -300,6 +324,24 @@ def reduce_ledger(
     batch.processed = idempotency.processed
     batch.redelivered = idempotency.redelivered
     return batch
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A legal hold as the ledger weighs it: its time, and how a refusal names it."""
+
+    held_at: datetime
+    released_at: datetime | None
+    description: str
+
+    def holds_at(self, when: datetime) -> bool:
+        return self.held_at <= when and (self.released_at is None or when < self.released_at)
+
+
+def held_by(holds: Iterable[HeldBy], when: datetime) -> HeldBy | None:
+    """The hold in force at ``when`` (the earliest placed), if any."""
+    active = [hold for hold in holds if hold.holds_at(when)]
+    return min(active, key=lambda hold: (hold.held_at, hold.description)) if active else None
 
 
 def initial_state(entry: LedgerEntry) -> RequestState:

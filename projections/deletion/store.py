@@ -143,10 +143,12 @@ async def _column(conn: Conn, query: str, params: Sequence[Any]) -> list[Any]:
     return [row[0] if len(row) == 1 else tuple(row) for row in await cursor.fetchall()]
 
 
-async def resolve(conn: Conn, tenant_id: str, target: DeletionTarget) -> ResolvedTarget:
+async def resolve(
+    conn: Conn, tenant_id: str, target: DeletionTarget, *, content_only: bool = False
+) -> ResolvedTarget:
     """Everything the target covers: for a subject, its memories and the conversations it owns;
     for a conversation, its messages, summaries and context view; for both, the memories
-    whose source points into those conversations."""
+    whose source points into those conversations (``content_only``: not those)."""
     if target.type == "memory":
         return ResolvedTarget(memories=(target.id,))
     if target.type == "subject":
@@ -165,10 +167,15 @@ async def resolve(conn: Conn, tenant_id: str, target: DeletionTarget) -> Resolve
         )
     else:
         conversations, about = [target.id], []
-    derived = await _column(
-        conn,
-        "SELECT memory_id FROM memories WHERE tenant_id = %s AND source_conversation_id = ANY(%s)",
-        (tenant_id, conversations),
+    derived = (
+        []
+        if content_only
+        else await _column(
+            conn,
+            "SELECT memory_id FROM memories"
+            " WHERE tenant_id = %s AND source_conversation_id = ANY(%s)",
+            (tenant_id, conversations),
+        )
     )
     scope = (tenant_id, conversations)
     return ResolvedTarget(
@@ -303,13 +310,15 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
         conn, tenant, entry.deletion_id, memories, conversations
     )
     await evidence_flags.forget_memories(conn, tenant, memories)
+    # A content erasure leaves the memories taken from its conversations, history included.
+    sources = [] if entry.scope == "content" else conversations
     await conn.execute(
         "DELETE FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)", (tenant, memories)
     )
     await conn.execute(
         "DELETE FROM memory_versions WHERE tenant_id = %s"
         " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
-        (tenant, memories, conversations),
+        (tenant, memories, sources),
     )
     await conn.execute(
         "DELETE FROM conversation_messages WHERE tenant_id = %s AND conversation_id = ANY(%s)",
@@ -339,7 +348,10 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
     )
     # Rebuild shadows and retired tables hold full copies: the erasure reaches them too.
     await rebuilds.erase_copies(
-        conn, coverage.deletion_params(tenant, entry.deletion_id, memories, conversations)
+        conn,
+        coverage.deletion_params(
+            tenant, entry.deletion_id, memories, conversations, sources=sources
+        ),
     )
     # Dead letters naming what is erased (even malformed copies) no longer open.
     await letter_key_store.shred_dead_letters(
