@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import Literal
 
 from projections.bookkeeping import Conn
-from projections.deletion.ledger import HeldBy, ResolvedTarget
+from projections.deletion import store as deletion_store
+from projections.deletion.ledger import HeldBy, ResolvedTarget, held_by
 from topics.deletion import DeletionTarget
 
 HoldTarget = Literal["subject", "conversation"]
@@ -193,3 +194,12 @@ async def on_request(
     else:
         found = (await on_memories(conn, [(tenant_id, target.id)]))[(tenant_id, target.id)]
     return [hold.window for hold in found]
+
+
+async def holding_request(
+    conn: Conn, tenant_id: str, target: DeletionTarget, at: datetime
+) -> HeldBy | None:
+    """The hold that makes the ledger refuse an erasure of ``target`` requested at ``at``,
+    read ahead so that the one asking is told at once (the ledger decides, and records)."""
+    resolved = await deletion_store.resolve(conn, tenant_id, target)
+    return held_by(await on_request(conn, tenant_id, target, resolved), at)
