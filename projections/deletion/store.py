@@ -43,6 +43,7 @@ from projections.deletion.ledger import (
     ResolvedTarget,
 )
 from projections.embeddings.embedder import memory_text, message_text
+from projections.sealing.fields import SOURCE_KEY_ENTITY
 from projections.sealing.keys import shred
 from projections.sealing.probes import ProbeSealer
 from topics.deletion import DeletionTarget
@@ -328,11 +329,14 @@ async def erase(conn: Conn, entry: LedgerEntry) -> None:
         "DELETE FROM conversations WHERE tenant_id = %s AND conversation_id = ANY(%s)",
         (tenant, conversations),
     )
-    # Crypto-shredding: the sealed log keeps the events, but no key opens them any more.
+    # Crypto-shredding: the sealed log keeps the events, but no key opens them any more. A
+    # content erasure leaves the source keys: the values of the memories taken from the
+    # conversation are sealed under them (``projections.sealing.fields``, format 4).
     await shred(
         conn,
         [(tenant, "memory", m) for m in memories]
-        + [(tenant, "conversation", c) for c in conversations],
+        + [(tenant, "conversation", c) for c in conversations]
+        + [(tenant, SOURCE_KEY_ENTITY, c) for c in sources],
         entry.deletion_id,
     )
     subject = entry.target.subject()

@@ -58,3 +58,9 @@ CREATE INDEX retention_issued_by_target ON retention_issued (tenant_id, target_t
 ALTER TABLE erased_entities DROP CONSTRAINT erased_entities_entity_type_check;
 ALTER TABLE erased_entities ADD CONSTRAINT erased_entities_entity_type_check
     CHECK (entity_type IN ('subject', 'conversation', 'conversation_content', 'memory'));
+
+-- The source key of a conversation (seal format 4): it seals, with a memory's key, the values
+-- taken from the conversation, and only a full erasure of the conversation destroys it.
+ALTER TABLE entity_keys DROP CONSTRAINT entity_keys_entity_type_check;
+ALTER TABLE entity_keys ADD CONSTRAINT entity_keys_entity_type_check
+    CHECK (entity_type IN ('memory', 'conversation', 'conversation_source'));

@@ -124,6 +124,14 @@ def test_retention_erases_content_keeps_memories_expires_and_respects_holds(env:
 
     env.wait_until(nowhere, "the marker to be readable nowhere", seconds=120)
 
+    # The memory's value still opens on the sealed log (under its conversation's source key,
+    # which a content erasure leaves): a rebuild keeps it.
+    status, kept = audit(env, "has a locker")
+    assert status == 1 and any(
+        f["kind"] == "topic" and f["name"].endswith("memory.events.sealed")
+        for f in kept["findings"]
+    ), kept
+
     report = invoke(env, "retention", "report", "--tenant", "acme")
     assert "support_short" in report and "expired memories" in report
 
