@@ -136,3 +136,20 @@ def test_content_scope_is_for_conversations_only() -> None:
         build_deletion_request(
             "t1", {"type": "memory", "id": "m1"}, "r", ("service", "x"), NOW, scope="content"
         )
+
+
+def test_two_replicas_build_the_same_request_and_the_ledger_applies_it_once() -> None:
+    from streams.retention import request_message
+    from topics.registry import TopicNames
+
+    (issue,) = plan_conversations([conversation()], POLICY, {}, NOW)
+    first = request_message(issue, TopicNames(""))
+    second = request_message(issue, TopicNames(""))
+    assert (first.key, first.value) == (second.key, second.value)
+    assert first.value is not None
+    event = CODEC.decode(first.key, first.value)
+    assert isinstance(event, DeletionRequested)
+    assert event.payload.scope == "content" and event.occurred_at == issue.due_at
+    resolved = {("t1", issue.deletion_id): ResolvedTarget(conversations=("c1",))}
+    batch = reduce_ledger([event, event], resolved, {}, {}, timedelta(hours=1))
+    assert len(batch.entries) == 1 and batch.redelivered == 1
