@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+import psycopg
 from confluent_kafka import KafkaError, Producer
 
 from projections.bookkeeping import Conn
@@ -43,13 +44,6 @@ def request_deletion(
         )
     except InvalidDeletionRequest as exc:
         raise click.BadParameter(str(exc)) from None
-    # Published all the same: the ledger decides, and records the refusal.
-    held = with_connection(
-        settings,
-        lambda conn: legal_holds.holding_request(
-            conn, tenant, DeletionTarget.model_validate(target), request.requested_at
-        ),
-    )
     refused: list[KafkaError] = []
 
     def on_delivery(error: KafkaError | None, _message: object) -> None:
@@ -64,6 +58,17 @@ def request_deletion(
         raise click.ClickException("the request was not delivered to Kafka")
     if refused:  # an ACL refusing the topic, say: the one line names it
         raise settings.kafka.unavailable(refused[0])
+    # Published whether held or not: the ledger decides, and records a refusal. Looked up
+    # here to say so at once; without PostgreSQL the ledger's status says it later.
+    try:
+        held = with_connection(
+            settings,
+            lambda conn: legal_holds.holding_request(
+                conn, tenant, DeletionTarget.model_validate(target), request.requested_at
+            ),
+        )
+    except psycopg.Error:
+        held = None
     if held is not None:
         raise click.ClickException(
             f"refused: {held.description} is in force; recorded as deletion"
