@@ -152,7 +152,7 @@ async def receipt(
             max(0.0, float(oldest or 0.0)) if due else 0.0,
         )  # fmt: skip
     cursor = await conn.execute(
-        "SELECT i.tenant_id, coalesce(i.retention_class, %(expired)s),"
+        f"SELECT i.tenant_id, coalesce(i.retention_class, %(expired)s), {_PERIOD},"
         " count(*) FILTER (WHERE r.completed_at IS NOT NULL"
         " AND r.completed_at <= r.deadline_at),"
         " count(*) FILTER (WHERE r.completed_at > r.deadline_at),"
@@ -160,12 +160,18 @@ async def receipt(
         " extract(epoch FROM %(now)s - min(i.due_at) FILTER (WHERE r.completed_at IS NULL))"
         " FROM retention_issued i LEFT JOIN deletion_requests r"
         " ON r.tenant_id = i.tenant_id AND r.deletion_id = i.deletion_id"
+        " LEFT JOIN retention_classes k"
+        " ON k.tenant_id = i.tenant_id AND k.retention_class = i.retention_class"
+        " LEFT JOIN retention_classes d"
+        f" ON d.tenant_id = i.tenant_id AND d.retention_class = '{TENANT_DEFAULT}'"
         " WHERE %(tenant)s::text IS NULL OR i.tenant_id = %(tenant)s"
-        " GROUP BY 1, 2",
+        " GROUP BY 1, 2, 3",
         {**params, "expired": EXPIRED_MEMORIES},
     )
-    for tenant, name, on_time, late, running, oldest in await cursor.fetchall():
-        known = lines.get((tenant, name)) or ClassReceipt(tenant, name, None)
+    for tenant, name, period, on_time, late, running, oldest in await cursor.fetchall():
+        # The class's period now (an expired memory's line has none: its grace applies).
+        configured = None if period is None or name == EXPIRED_MEMORIES else float(period)
+        known = lines.get((tenant, name)) or ClassReceipt(tenant, name, configured)
         overdue = max(0.0, float(oldest or 0.0)) if running else 0.0
         lines[(tenant, name)] = ClassReceipt(
             tenant, name, known.period_seconds, known.inside_period, known.held,

@@ -51,7 +51,10 @@ def set_class(
         await conn.commit()
 
     with_connection(settings_of(ctx), work)
-    click.echo(f"{tenant} {retention_class}: {'keep' if duration is None else duration}")
+    click.echo(
+        f"{tenant} {retention_class}: "
+        + _period(None if duration is None else duration.total_seconds())
+    )
 
 
 @retention.command("clear")
@@ -135,8 +138,13 @@ def report(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
         return
     click.echo("tenant\tclass\tperiod\tinside\theld\tdue\ton_time\tlate\toldest_overdue_s")
     for line in lines:
+        period = (
+            "expiry+grace"
+            if line.retention_class == schedule_store.EXPIRED_MEMORIES
+            else _period(line.period_seconds)
+        )
         click.echo(
-            f"{line.tenant_id}\t{line.retention_class}\t{_period(line.period_seconds)}"
+            f"{line.tenant_id}\t{line.retention_class}\t{period}"
             f"\t{line.inside_period}\t{line.held}\t{line.due}\t{line.erased_on_time}"
             f"\t{line.erased_late}\t{line.oldest_overdue_seconds:.0f}"
         )

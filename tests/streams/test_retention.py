@@ -133,7 +133,9 @@ def test_retention_erases_content_keeps_memories_expires_and_respects_holds(env:
     ), kept
 
     report = invoke(env, "retention", "report", "--tenant", "acme")
-    assert "support_short" in report and "expired memories" in report
+    lines = report.splitlines()
+    assert any(line.startswith("acme\tsupport_short\t2s\t") for line in lines), report
+    assert any(line.startswith("acme\texpired memories\texpiry+grace\t") for line in lines)
 
     invoke(env, "hold", "release", "--tenant", "acme", "--hold", hold_id)
     dan = env.wait_until(lambda: issued(env, "c_dan"), "the erasure of c_dan after the release")
