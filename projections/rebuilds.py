@@ -93,7 +93,11 @@ async def erase(conn: Conn, scope: ErasureScope) -> None:
     await erase_copies(
         conn,
         coverage.deletion_params(
-            scope.tenant_id, scope.deletion_id, scope.memories, scope.conversations
+            scope.tenant_id,
+            scope.deletion_id,
+            scope.memories,
+            scope.conversations,
+            sources=scope.sources,
         ),
     )
 

@@ -37,16 +37,23 @@ def build_deletion_request(
     now: datetime,
     deadline: timedelta | None = None,
     deletion_id: str | None = None,
+    *,
+    event_id: str | None = None,
+    scope: str | None = None,
 ) -> DeletionRequest:
     """The ``deletion.requested`` event for ``target`` of ``tenant_id`` (a fresh deletion id
     unless one is given), as the message to publish; ``deadline`` from ``now``, else the
-    ledger's default (MEMPROJ_DELETION_DEADLINE_SECONDS)."""
+    ledger's default (MEMPROJ_DELETION_DEADLINE_SECONDS). ``event_id``: given by a producer
+    that must build the same event twice (the retention schedule); ``scope``: ``content`` to
+    erase a conversation's content only."""
     deletion_id = deletion_id or f"del-{uuid.uuid4().hex}"
     payload: dict[str, Any] = {"deletion_id": deletion_id, "target": target, "reason": reason}
+    if scope is not None:
+        payload["scope"] = scope
     if deadline is not None:
         payload["deadline_at"] = iso(now + deadline)
     event = {
-        "event_id": str(uuid.uuid4()),
+        "event_id": event_id or str(uuid.uuid4()),
         "event_type": "deletion.requested",
         "schema_version": 1,
         "tenant_id": tenant_id,

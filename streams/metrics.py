@@ -120,6 +120,18 @@ class Metrics:
             ["store"],
             registry=registry,
         )
+        self.retention_due = Gauge(
+            "memproj_retention_due",
+            "conversations past their retention period (and memories past expiry and grace)"
+            " not erased yet, held ones excepted; by configured class (others: default)",
+            ["retention_class"],
+            registry=registry,
+        )
+        self.retention_overdue = Gauge(
+            "memproj_retention_overdue_seconds",
+            "how long past its due time the oldest item retention must erase has waited",
+            registry=registry,
+        )
         self.lag_messages = Gauge(
             "memproj_consumer_lag_messages",
             "end offset minus committed offset",
@@ -276,6 +288,13 @@ class Metrics:
             self.deletions_pending.labels(store).set(pending.count)
             self.deletion_oldest_pending.labels(store).set(pending.oldest_seconds)
             self.deletions_overdue.labels(store).set(pending.overdue)
+
+    def retention(self, due: Mapping[str, int], oldest_overdue_seconds: float) -> None:
+        """Replace the retention series: a class no longer configured disappears."""
+        self.retention_due.clear()
+        for retention_class, count in due.items():
+            self.retention_due.labels(retention_class).set(count)
+        self.retention_overdue.set(oldest_overdue_seconds)
 
     def consumer_lag(self, lags: Iterable[PartitionLag]) -> None:
         """Replace every lag series: a group or partition that is gone disappears."""

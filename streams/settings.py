@@ -225,6 +225,28 @@ class Settings(BaseSettings):
         description="rebuild shadows (replay_*) and retired tables (retired_*) are dropped "
         "this long after they were created; until then every erasure reaches them too",
     )
+    # -- retention (classes, expiry, legal holds: projections.retention)
+    retention_default_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="the retention period of a conversation whose class its tenant does not "
+        "configure (nor a tenant default, class '*'), after its last message; 0: kept",
+    )
+    retention_check_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="how often the deletion worker looks for conversations past their "
+        "retention period and memories past their expiry and grace, and issues their erasure",
+    )
+    expiry_grace_seconds: float = Field(
+        24 * 3600.0,
+        ge=0,
+        description="a memory past its expires_at (no longer served at once) is erased this "
+        "long after it, with reason 'expired'",
+    )
+    retention_batch_size: int = Field(
+        500, gt=0, description="the most erasures one retention round issues"
+    )
     # -- topic lifetimes (raw input trimmed once sealed, memory.current compaction)
     raw_input_trim_seconds: float = Field(
         5.0,
@@ -517,6 +539,12 @@ class Settings(BaseSettings):
         return timedelta(seconds=seconds) if seconds > 0 else None
 
     @property
+    def retention_default(self) -> timedelta | None:
+        """The deployment's default retention period (None: kept)."""
+        seconds = self.retention_default_seconds
+        return timedelta(seconds=seconds) if seconds > 0 else None
+
+    @property
     def context(self) -> ContextSettings:
         return ContextSettings(self.context_budget_tokens, self.context_tool_result_max_chars)
 
@@ -536,6 +564,7 @@ SETTING_GROUPS: dict[str, str] = {
     "breaker_failure_ratio": "The circuit breaker",
     "context_budget_tokens": "The context view",
     "deletion_deadline_seconds": "Deletion",
+    "retention_default_seconds": "Retention",
     "raw_input_trim_seconds": "Topic lifetimes",
     "monitor_interval_seconds": "The monitor",
     "cache_ttl_seconds": "The cache",

@@ -42,6 +42,7 @@ from streams.metrics import Metrics
 from streams.monitoring import MonitorService
 from streams.probes import ShutdownBudget
 from streams.purge import PurgeRound, purge_checks
+from streams.retention import RetentionScheduler, retention_settings
 from streams.runner import Projection, ProjectionRunner
 from streams.services import (
     BatchConsumers,
@@ -337,6 +338,14 @@ def build_deletion_worker(
                 if settings.deletion_purge_check_seconds > 0
                 else None,
                 purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
+            ),
+            # Retention and expiry issue their erasures (streams.retention).
+            RetentionScheduler(
+                parts.pool,
+                parts.publisher,
+                settings.topics,
+                metrics,
+                retention_settings(settings),
             ),
             # Topic lifetimes: memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics),

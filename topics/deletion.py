@@ -54,6 +54,16 @@ class DeletionRequestedPayload(Wire):
     # under any key the erasure destroys (ops/decisions/personal-fields.md).
     reason: Annotated[Text, NotPersonal("the deletion ledger's receipt, kept after the erasure")]
     deadline_at: Timestamp | None = None
+    # Addition: ``content`` erases a conversation's content (messages, summaries, context view
+    # and their copies) and leaves the memories taken from it to their own lifecycle (a
+    # retention erasure); absent, a conversation's erasure covers those memories too.
+    scope: Literal["content"] | None = None
+
+    @model_validator(mode="after")
+    def _content_of_a_conversation(self) -> DeletionRequestedPayload:
+        if self.scope == "content" and self.target.type != "conversation":
+            raise ValueError("scope 'content' applies to a conversation target only")
+        return self
 
 
 class DeletionRequested(Envelope):
@@ -97,6 +107,8 @@ class Tombstone(Frozen):
     deadline_at: datetime
     required_stores: tuple[StoreName, ...]
     for_stores: tuple[StoreName, ...] | None = None
+    # Addition: ``content`` for a conversation's content only (no memory taken from it).
+    scope: Literal["all", "content"] = "all"
 
     def is_for(self, store: str) -> bool:
         return store in self.required_stores and (

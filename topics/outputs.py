@@ -82,6 +82,7 @@ class RejectionReason(StrEnum):
     # Deletion reasons, on deletion.rejections.
     DELETION_EXISTS = "deletion_exists"
     UNKNOWN_DELETION = "unknown_deletion"
+    LEGAL_HOLD = "legal_hold"
 
 
 class Rejection(Frozen):

@@ -19,6 +19,7 @@ from projections.deletion.erasure import (
     NO_ERASURES,
     EntityKey,
     ErasureIndex,
+    conversation_content_key,
     conversation_key,
     subject_key,
 )
@@ -52,6 +53,8 @@ class ConversationRecord:
     last_event_id: str
     message_count: int = 0
     summary_version: int = 0
+    # Its retention period runs from here (``projections.retention``); None: no message yet.
+    last_message_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,7 @@ def _message_added(
         record,
         message_count=record.message_count + 1,
         updated_at=event.occurred_at,
+        last_message_at=max(event.occurred_at, record.last_message_at or event.occurred_at),
         last_event_id=event.event_id,
     )
     return Appended(
@@ -254,8 +258,9 @@ def _summary_updated(
 def erasure_keys(
     event: ConversationEvent, record: ConversationRecord | None
 ) -> Iterator[EntityKey]:
-    """The conversation itself and its owner: erasing either covers the event."""
+    """The conversation itself (or its content) and its owner: erasing any covers the event."""
     yield conversation_key(event.tenant_id, event.conversation_id)
+    yield conversation_content_key(event.tenant_id, event.conversation_id)
     if isinstance(event, ConversationStarted):
         owner = event.payload.owner
         yield subject_key(event.tenant_id, owner.type, owner.id)

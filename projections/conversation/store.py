@@ -35,7 +35,7 @@ from topics.conversation import ConversationEvent, MessageAdded, SummaryUpdated
 CONVERSATION_FIELDS = (
     "tenant_id", "conversation_id", "owner_type", "owner_id", "channel", "retention_class",
     "provider_conversation_ref", "started_at", "updated_at", "last_event_id", "message_count",
-    "summary_version",
+    "summary_version", "last_message_at",
 )  # fmt: skip
 MESSAGE_FIELDS = (
     "tenant_id", "conversation_id", "message_id", "seq", "role", "content", "occurred_at",
@@ -133,7 +133,8 @@ async def save_batch(
             " ON CONFLICT (tenant_id, conversation_id) DO UPDATE SET"
             " updated_at = EXCLUDED.updated_at, last_event_id = EXCLUDED.last_event_id,"
             " message_count = EXCLUDED.message_count,"
-            " summary_version = EXCLUDED.summary_version".encode()
+            " summary_version = EXCLUDED.summary_version,"
+            " last_message_at = EXCLUDED.last_message_at".encode()
         )
     if result.messages:
         await copy_rows(

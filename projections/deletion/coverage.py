@@ -23,13 +23,14 @@ from psycopg import sql
 
 from projections.deletion.erasure import (
     EntityKey,
+    conversation_content_key,
     conversation_key,
     memory_key,
     subject_key,
 )
 from topics.deletion import Tombstone
 
-EntityType = str  # "memory" | "conversation"
+EntityType = str  # "memory" | "conversation" | "conversation_content"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +99,7 @@ class Coverage:
         time (the memories and conversations it resolved)."""
         listed = [
             sql.SQL("t.{} = ANY({})").format(
-                sql.Identifier(column),
-                sql.Placeholder("memories" if kind == "memory" else "conversations"),
+                sql.Identifier(column), sql.Placeholder(_LISTED_BY.get(column, _LISTED[kind]))
             )
             for kind, column in self.entity_columns
         ]
@@ -118,31 +118,53 @@ class Coverage:
 
 
 def deletion_params(
-    tenant_id: str, deletion_id: str, memories: Sequence[str], conversations: Sequence[str]
+    tenant_id: str,
+    deletion_id: str,
+    memories: Sequence[str],
+    conversations: Sequence[str],
+    *,
+    sources: Sequence[str] | None = None,
 ) -> dict[str, object]:
     """The params of ``of_deletion``: the erasure, and the memories and conversations it
-    resolved (its tombstone's items)."""
+    resolved (its tombstone's items). ``sources``: the conversations whose memories it
+    covers (by default all of them; none for a content erasure)."""
     return {
         "tenant_id": tenant_id,
         "deletion_id": deletion_id,
         "memories": list(memories),
         "conversations": list(conversations),
+        "sources": list(conversations if sources is None else sources),
     }
 
 
 def tombstone_params(tombstone: Tombstone) -> dict[str, object]:
+    conversations = tombstone.conversation_ids()
     return deletion_params(
         tombstone.tenant_id,
         tombstone.deletion_id,
         tombstone.ids("memory"),
-        tombstone.conversation_ids(),
+        conversations,
+        sources=[] if tombstone.scope == "content" else conversations,
     )
 
 
 _ONE_DELETION = sql.SQL(" AND e.tenant_id = %(tenant_id)s AND e.deletion_id = %(deletion_id)s")
 
+# Which of ``deletion_params`` lists the items of each kind: a memory's source conversation is
+# listed apart, since a content erasure lists a conversation without its memories.
+_LISTED = {
+    "memory": "memories",
+    "conversation": "conversations",
+    "conversation_content": "conversations",
+}
+_LISTED_BY = {"source_conversation_id": "sources"}
+
 _OWNER = ("owner_type", "owner_id")
-_IN_CONVERSATION: tuple[tuple[EntityType, str], ...] = (("conversation", "conversation_id"),)
+# A conversation's own rows: covered by its erasure and by the erasure of its content.
+_IN_CONVERSATION: tuple[tuple[EntityType, str], ...] = (
+    ("conversation", "conversation_id"),
+    ("conversation_content", "conversation_id"),
+)
 _MEMORY: tuple[tuple[EntityType, str], ...] = (
     ("memory", "memory_id"),
     ("conversation", "source_conversation_id"),
@@ -186,6 +208,8 @@ def keys_of(
         yield memory_key(tenant_id, memory_id)
     if conversation_id is not None:
         yield conversation_key(tenant_id, conversation_id)
+        if memory_id is None:  # the conversation's own content, not a memory taken from it
+            yield conversation_content_key(tenant_id, conversation_id)
 
 
 def not_newer(occurred_at: datetime, cut_off: datetime) -> bool:

@@ -25,7 +25,11 @@ def match_of(tombstone: Tombstone) -> Match:
     return Match(
         tenant_id=tombstone.tenant_id,
         subject=subject_of(tombstone),
-        conversation_ids=tuple(tombstone.conversation_ids()),
+        # A content erasure lists its messages: matching the conversation would reach the
+        # memories taken from it, which it leaves.
+        conversation_ids=()
+        if tombstone.scope == "content"
+        else tuple(tombstone.conversation_ids()),
         memory_ids=tuple(tombstone.ids("memory")),
         entry_ids=tuple(
             message_entry_id(tombstone.tenant_id, item.conversation_id, item.id)

@@ -80,6 +80,7 @@ def scope_of(entry: LedgerEntry) -> ErasureScope:
         memories=entry.resolved.memories,
         conversations=entry.resolved.conversations,
         cut_off=entry.cut_off,
+        sources=() if entry.scope == "content" else entry.resolved.conversations,
     )
 
 

@@ -29,6 +29,9 @@ class ErasureScope:
     memories: tuple[str, ...]
     conversations: tuple[str, ...]
     cut_off: datetime
+    # The conversations whose derived memories (their history, their source keys) the erasure
+    # covers: all of them, except for a content erasure (retention), which leaves those.
+    sources: tuple[str, ...]
 
 
 def subject_key(tenant_id: str, subject_type: str, subject_id: str) -> EntityKey:
@@ -37,6 +40,12 @@ def subject_key(tenant_id: str, subject_type: str, subject_id: str) -> EntityKey
 
 def conversation_key(tenant_id: str, conversation_id: str) -> EntityKey:
     return (tenant_id, "conversation", "", conversation_id)
+
+
+def conversation_content_key(tenant_id: str, conversation_id: str) -> EntityKey:
+    """A conversation's content erased (a retention erasure): its messages, summaries and
+    context view, not the memories whose source points into it."""
+    return (tenant_id, "conversation_content", "", conversation_id)
 
 
 def memory_key(tenant_id: str, memory_id: str) -> EntityKey:

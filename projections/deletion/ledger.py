@@ -9,13 +9,14 @@ state until every required store is done.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from projections.deletion.erasure import (
     EntityKey,
+    conversation_content_key,
     conversation_key,
     memory_key,
     subject_key,
@@ -82,6 +83,8 @@ class LedgerEntry:
     resolved: ResolvedTarget
     # The erasure index rows; empty for a revocation, which removes derived copies only.
     erased: tuple[EntityKey, ...] = ()
+    # "content": a conversation's content only, the memories taken from it are kept.
+    scope: Literal["all", "content"] = "all"
 
     def tombstone(self) -> Tombstone:
         return Tombstone(
@@ -94,6 +97,7 @@ class LedgerEntry:
             cut_off=self.cut_off,
             deadline_at=self.deadline_at,
             required_stores=self.required_stores,
+            scope=self.scope,
         )
 
 
@@ -106,12 +110,16 @@ def plan_erasure(
     payload = event.payload
     target = payload.target
     tenant = event.tenant_id
+    scope: Literal["all", "content"] = "content" if payload.scope == "content" else "all"
+    # A content erasure has an index entry of its own: it covers the conversation's rows,
+    # not the memories whose source points into it (``coverage``).
+    of_conversation = conversation_content_key if scope == "content" else conversation_key
     erased: list[EntityKey] = [memory_key(tenant, m) for m in resolved.memories]
-    erased += [conversation_key(tenant, c) for c in resolved.conversations]
+    erased += [of_conversation(tenant, c) for c in resolved.conversations]
     if target.type == "subject" and target.subject_type is not None:
         erased.append(subject_key(tenant, target.subject_type, target.id))
     elif target.type == "conversation":
-        erased.append(conversation_key(tenant, target.id))
+        erased.append(of_conversation(tenant, target.id))
     else:
         erased.append(memory_key(tenant, target.id))
     return LedgerEntry(
@@ -126,6 +134,7 @@ def plan_erasure(
         request_event_id=event.event_id,
         resolved=resolved,
         erased=tuple(dict.fromkeys(erased)),
+        scope=scope,
     )
 
 
@@ -239,6 +248,7 @@ class _LedgerFold(BatchReducer[LedgerEvent, RequestState]):
     states: Mapping[RequestKey, RequestState]
     default_deadline: timedelta
     stores: RequiredStores
+    holds: Mapping[RequestKey, Sequence[HeldBy]]
     batch: LedgerBatch
 
     def current(self, key: RequestKey) -> RequestState | None:
@@ -262,6 +272,13 @@ class _LedgerFold(BatchReducer[LedgerEvent, RequestState]):
                 return Rejection.of(
                     event, RejectionReason.DELETION_EXISTS, "deletion_id already requested"
                 )
+            hold = held_by(self.holds.get(key, ()), event.occurred_at)
+            if hold is not None:
+                # Recorded as decided: a rebuild refuses it again from the same holds.
+                batch.applied.append(event.event_type)
+                return Rejection.of(
+                    event, RejectionReason.LEGAL_HOLD, f"refused: {hold.description} is in force"
+                )
             entry = plan_erasure(event, self.resolved[key], self.default_deadline, self.stores)
             batch.entries.append(entry)
             batch.states[key] = initial_state(entry)
@@ -283,11 +300,34 @@ def reduce_ledger(
     seen: Mapping[EventKey, bytes],
     default_deadline: timedelta,
     stores: RequiredStores,
+    holds: Mapping[RequestKey, Sequence[HeldBy]] | None = None,
 ) -> LedgerBatch:
-    """Fold requests and acknowledgements in order (``projections.fold``)."""
+    """Fold requests and acknowledgements in order (``projections.fold``). ``holds``: per
+    request, the legal holds on what it would erase (in force or released): a request that
+    occurred while one was in force is refused, and recorded as refused (``legal_hold``),
+    whenever the ledger decides it again."""
     batch = LedgerBatch()
-    fold(events, seen, _LedgerFold(resolved, states, default_deadline, stores, batch), batch)
+    ledger = _LedgerFold(resolved, states, default_deadline, stores, holds or {}, batch)
+    fold(events, seen, ledger, batch)
     return batch
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A legal hold as the ledger weighs it: its time, and how a refusal names it."""
+
+    held_at: datetime
+    released_at: datetime | None
+    description: str
+
+    def holds_at(self, when: datetime) -> bool:
+        return self.held_at <= when and (self.released_at is None or when < self.released_at)
+
+
+def held_by(holds: Iterable[HeldBy], when: datetime) -> HeldBy | None:
+    """The hold in force at ``when`` (the earliest placed), if any."""
+    active = [hold for hold in holds if hold.holds_at(when)]
+    return min(active, key=lambda hold: (hold.held_at, hold.description)) if active else None
 
 
 def initial_state(entry: LedgerEntry) -> RequestState:

@@ -4,7 +4,7 @@ nulls on ``memory.current`` and completion statuses out."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
@@ -15,6 +15,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import erasers, guard, lifecycle, store
 from projections.deletion import probes as deletion_probes
 from projections.deletion.ledger import (
+    HeldBy,
     LedgerBatch,
     LedgerEntry,
     LedgerEvent,
@@ -28,6 +29,7 @@ from projections.embeddings.embedder import Embedder
 from projections.idempotency import EventKey
 from projections.memory import store as memory_store
 from projections.memory.current import current_message, erased_messages, sharing_old_key
+from projections.retention import holds as legal_holds
 from projections.sealing.probes import ProbeSealer
 from projections.stores import STORES, StoreRegistry
 from topics.codec import EventCodec, InvalidMessage, encode
@@ -112,6 +114,7 @@ class CompletionObserver(Protocol):
 class LedgerState:
     states: dict[RequestKey, RequestState]
     resolved: dict[RequestKey, ResolvedTarget]
+    holds: dict[RequestKey, list[HeldBy]] = field(default_factory=dict)
 
 
 class LedgerProjection:
@@ -150,11 +153,20 @@ class LedgerProjection:
         await guard.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
         states = await lifecycle.load_states(conn, (request_key(e) for e in events))
         resolved = {
-            request_key(e): await store.resolve(conn, e.tenant_id, e.payload.target)
+            request_key(e): await store.resolve(
+                conn, e.tenant_id, e.payload.target, content_only=e.payload.scope == "content"
+            )
             for e in requests
             if request_key(e) not in states
         }
-        return LedgerState(states, resolved)
+        held = {
+            request_key(e): await legal_holds.on_request(
+                conn, e.tenant_id, e.payload.target, resolved[request_key(e)]
+            )
+            for e in requests
+            if request_key(e) in resolved
+        }
+        return LedgerState(states, resolved, held)
 
     async def lock(
         self, conn: Conn, events: Sequence[LedgerEvent], state: LedgerState
@@ -172,6 +184,7 @@ class LedgerProjection:
             seen,
             self._default_deadline,
             self._stores.requirements,
+            state.holds,
         )
 
     async def save(self, conn: Conn, outcome: LedgerBatch) -> None:

@@ -147,3 +147,14 @@ async def unpurged_by_place(conn: Conn, now: datetime) -> dict[str, Unpurged]:
         row[0]: Unpurged(int(row[1]), max(0.0, (now - row[2]).total_seconds()))
         for row in await cursor.fetchall()
     }
+
+
+async def refusal(conn: Conn, tenant_id: str, deletion_id: str) -> str | None:
+    """Why the ledger refused request ``deletion_id`` under a legal hold (None: it did not)."""
+    cursor = await conn.execute(
+        "SELECT details FROM rejections WHERE projection = 'deletion' AND tenant_id = %s"
+        " AND entity_id = %s AND reason = 'legal_hold' ORDER BY id DESC LIMIT 1",
+        (tenant_id, deletion_id),
+    )
+    row = await cursor.fetchone()
+    return None if row is None else str(row[0])

@@ -18,10 +18,12 @@ from projections.memory import store as memory_store
 from topics.deletion import DeletionTarget
 
 
-async def resolve(conn: Conn, tenant_id: str, target: DeletionTarget) -> ResolvedTarget:
+async def resolve(
+    conn: Conn, tenant_id: str, target: DeletionTarget, *, content_only: bool = False
+) -> ResolvedTarget:
     """Everything the target covers: for a subject, its memories and the conversations it owns;
     for a conversation, its messages, summaries and context view; for both, the memories
-    whose source points into those conversations."""
+    whose source points into those conversations (``content_only``: not those)."""
     if target.type == "memory":
         return ResolvedTarget(memories=(target.id,))
     if target.type == "subject":
@@ -30,7 +32,11 @@ async def resolve(conn: Conn, tenant_id: str, target: DeletionTarget) -> Resolve
         about = await memory_store.memories_about(conn, tenant_id, *owner)
     else:
         conversations, about = [target.id], []
-    derived = await memory_store.memories_taken_from(conn, tenant_id, conversations)
+    derived = (
+        []
+        if content_only
+        else await memory_store.memories_taken_from(conn, tenant_id, conversations)
+    )
     messages, summaries, contexts = await conversation_store.held_in(conn, tenant_id, conversations)
     return ResolvedTarget(
         memories=tuple(sorted({*about, *derived})),

@@ -19,6 +19,7 @@ from projections.deletion.erasure import (
     EntityKey,
     Erasure,
     ErasureIndex,
+    conversation_content_key,
     conversation_key,
     memory_key,
     subject_key,
@@ -78,6 +79,7 @@ def erasure_keys(update: IndexUpdate) -> list[EntityKey]:
     if isinstance(update, MessageUpdate):
         return [
             conversation_key(update.tenant_id, update.conversation_id),
+            conversation_content_key(update.tenant_id, update.conversation_id),
             subject_key(update.tenant_id, *update.owner),
         ]
     keys = [memory_key(update.tenant_id, update.memory_id)]

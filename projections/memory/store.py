@@ -500,8 +500,9 @@ async def memory_values(
 
 
 async def erase(conn: Conn, scope: ErasureScope) -> None:
-    """The erased memories and their history, and every version taken from an erased
-    conversation (a memory not erased keeps its other versions)."""
+    """The erased memories and their history, and every version taken from a conversation
+    whose derived memories are erased (a memory not erased keeps its other versions; a
+    content erasure leaves every version taken from it)."""
     memories = list(scope.memories)
     await conn.execute(
         "DELETE FROM memories WHERE tenant_id = %s AND memory_id = ANY(%s)",
@@ -510,5 +511,5 @@ async def erase(conn: Conn, scope: ErasureScope) -> None:
     await conn.execute(
         "DELETE FROM memory_versions WHERE tenant_id = %s"
         " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
-        (scope.tenant_id, memories, list(scope.conversations)),
+        (scope.tenant_id, memories, list(scope.sources)),
     )

@@ -24,6 +24,13 @@ memory and their conversation are: erasing the conversation (or the subject who 
 shreds its key, and every version taken from it closes, while the memory's other versions, and
 its own key, stay as they are. Format 2 events are sealed under the entity's key alone (every
 event of an entity with one key, and every event sealed before format 3).
+
+Format 4 (what the sealer writes now for such a value) combines the memory's key with the
+conversation's **source key** (entity type ``conversation_source``), not with the key of the
+conversation's own content: a retention erasure, which erases a conversation's content and
+leaves the memories taken from it, shreds the content key alone, and those memories' values
+still open on the sealed log (a rebuild keeps them). A full erasure of the conversation (or of
+its owner) shreds both keys. Format 3 events are still read, under the content key.
 """
 
 from __future__ import annotations
@@ -49,8 +56,16 @@ EntityRef = tuple[str, str, str]  # (tenant_id, entity type, entity id)
 # without ``v`` are format 1.
 SEAL_FORMAT = 2
 SEAL_FORMAT_SOURCED = 3
-# What combines a memory's key and its source conversation's key into the key of a value.
-_SOURCED_PURPOSE = b"memproj/sealed-fields/memory-value-from-conversation/v3"
+SEAL_FORMAT_SOURCE_KEY = 4
+# The entity type of a conversation's source key: it seals (with the memory's key) the values
+# taken from the conversation, and outlives the erasure of the conversation's content alone.
+SOURCE_KEY_ENTITY = "conversation_source"
+# What combines a memory's key and its source conversation's key into the key of a value, per
+# the conversation key's entity type (format 3: the content key; format 4: the source key).
+_SOURCED_PURPOSES = {
+    "conversation": b"memproj/sealed-fields/memory-value-from-conversation/v3",
+    SOURCE_KEY_ENTITY: b"memproj/sealed-fields/memory-value-from-conversation-source/v4",
+}
 
 
 def entity_of(event: dict[str, Any]) -> EntityRef | None:
@@ -82,7 +97,8 @@ def source_field(event_type: str) -> str | None:
 def sealing_keys(event: dict[str, Any]) -> tuple[EntityRef, ...]:
     """The data keys whose combination seals this event's personal fields (none when it
     carries nothing personal): its entity's, then, for a memory value whose source points into
-    a conversation, that conversation's."""
+    a conversation, that conversation's: its content key for an event sealed in format 3, its
+    source key otherwise."""
     ref = entity_of(event)
     if ref is None:
         return ()
@@ -93,18 +109,27 @@ def sealing_keys(event: dict[str, Any]) -> tuple[EntityRef, ...]:
     source_type, source_ref = source.get("type"), source.get("ref")
     if not (isinstance(source_type, str) and isinstance(source_ref, str)):
         return (ref,)  # not an event of the contract: decoding says why
+    sealed = event["payload"].get("sealed")
+    format_3 = isinstance(sealed, dict) and sealed.get("v") == SEAL_FORMAT_SOURCED
     return sealing_keys_of_event(
-        ref, event["event_type"], source_conversation(source_type, source_ref)
+        ref,
+        event["event_type"],
+        source_conversation(source_type, source_ref),
+        "conversation" if format_3 else SOURCE_KEY_ENTITY,
     )
 
 
 def sealing_keys_of_event(
-    ref: EntityRef, event_type: str, conversation_id: str | None
+    ref: EntityRef,
+    event_type: str,
+    conversation_id: str | None,
+    conversation_key: str = SOURCE_KEY_ENTITY,
 ) -> tuple[EntityRef, ...]:
-    """``sealing_keys`` from an event's identity and the conversation its source points into."""
+    """``sealing_keys`` from an event's identity and the conversation its source points into
+    (``conversation_key``: which of the conversation's keys)."""
     if source_field(event_type) is None or conversation_id is None:
         return (ref,)
-    return (ref, (ref[0], "conversation", conversation_id))
+    return (ref, (ref[0], conversation_key, conversation_id))
 
 
 def combined_key(refs: Sequence[EntityRef], key_of: Callable[[EntityRef], bytes | None]) -> bytes:
@@ -119,7 +144,7 @@ def combined_key(refs: Sequence[EntityRef], key_of: Callable[[EntityRef], bytes 
         keys.append(data_key)
     if len(keys) == 1:
         return keys[0]
-    return derive_key(b"".join(keys), _SOURCED_PURPOSE)
+    return derive_key(b"".join(keys), _SOURCED_PURPOSES[refs[1][1]])
 
 
 def entity_name(ref: EntityRef) -> str:
@@ -140,7 +165,7 @@ def seal(
     names = PERSONAL_EVENTS[event["event_type"]].names
     payload = dict(event["payload"])
     personal = {name: payload.pop(name) for name in names if name in payload}
-    version = SEAL_FORMAT if len(refs) == 1 else SEAL_FORMAT_SOURCED
+    version = SEAL_FORMAT if len(refs) == 1 else SEAL_FORMAT_SOURCE_KEY
     marker = {"v": version, "entity": f"{ref[1]}:{ref[2]}"}
     payload["sealed"] = marker
     sealed = {**event, "payload": payload}
@@ -166,7 +191,10 @@ def _associated(event: dict[str, Any], sealed: dict[str, Any]) -> bytes:
     if version is None:
         # Format 1 (sealed before format 2): bound to the event id only.
         return str(event["event_id"]).encode()
-    if version in (SEAL_FORMAT, SEAL_FORMAT_SOURCED) and type(version) is int:
+    if (
+        version in (SEAL_FORMAT, SEAL_FORMAT_SOURCED, SEAL_FORMAT_SOURCE_KEY)
+        and type(version) is int
+    ):
         return sealed_event_associated(event)
     raise Unreadable(f"unknown seal format {version!r}")
 
@@ -214,11 +242,12 @@ def unseal(event: dict[str, Any], key_of: Callable[[EntityRef], bytes | None]) -
     if payload["sealed"].get("erased"):
         raise Shredded(f"{entity_name(ref)} was erased before this event was sealed")
     sealed = payload["sealed"]
-    # Format 3 is sealed under the keys ``sealing_keys`` names; every earlier format under the
-    # entity's key alone.
-    refs = sealing_keys(event) if sealed.get("v") == SEAL_FORMAT_SOURCED else (ref,)
-    if len(refs) != (2 if sealed.get("v") == SEAL_FORMAT_SOURCED else 1):
-        raise Unreadable("a format 3 seal on an event whose value has no conversation source")
+    # Formats 3 and 4 are sealed under the keys ``sealing_keys`` names; every earlier format
+    # under the entity's key alone.
+    sourced = sealed.get("v") in (SEAL_FORMAT_SOURCED, SEAL_FORMAT_SOURCE_KEY)
+    refs = sealing_keys(event) if sourced else (ref,)
+    if len(refs) != (2 if sourced else 1):
+        raise Unreadable("a sourced seal on an event whose value has no conversation source")
     data_key = combined_key(refs, key_of)
     if not isinstance(sealed.get("fields"), str):
         raise Unreadable("the sealed fields are not a string")

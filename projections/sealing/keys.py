@@ -32,7 +32,7 @@ from projections.sealing.crypto import (
     encode_associated,
     new_data_key,
 )
-from projections.sealing.fields import EntityRef, entity_name
+from projections.sealing.fields import SOURCE_KEY_ENTITY, EntityRef, entity_name
 from projections.sealing.rewrap import Rewrapped, rewrap_keys
 
 WRAP_FORMAT = 2
@@ -206,11 +206,13 @@ async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
 
 async def erase(conn: Conn, scope: ErasureScope) -> None:
     """Crypto-shredding: the sealed log keeps the erased memories' and conversations' events,
-    but no key opens them any more."""
+    but no key opens them any more. A content erasure leaves the conversations' source keys:
+    the values of the memories taken from them are sealed under those (seal format 4)."""
     await shred(
         conn,
         [(scope.tenant_id, "memory", m) for m in scope.memories]
-        + [(scope.tenant_id, "conversation", c) for c in scope.conversations],
+        + [(scope.tenant_id, "conversation", c) for c in scope.conversations]
+        + [(scope.tenant_id, SOURCE_KEY_ENTITY, c) for c in scope.sources],
         scope.deletion_id,
     )
 

@@ -22,7 +22,13 @@ import orjson
 from projections.admission.evidence import Stamps, read_stamps
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import guard as erasure_guard
-from projections.deletion.erasure import ErasureIndex, conversation_key, memory_key
+from projections.deletion.erasure import (
+    EntityKey,
+    ErasureIndex,
+    conversation_content_key,
+    conversation_key,
+    memory_key,
+)
 from projections.idempotency import EventKey, ProcessedEvent
 from projections.sealing.crypto import new_data_key
 from projections.sealing.fields import (
@@ -85,6 +91,16 @@ def _erasure_key(ref: EntityRef) -> tuple[str, str, str, str]:
     return conversation_key(tenant, entity_id)
 
 
+def erasure_keys_of(event: Envelope, refs: Sequence[EntityRef]) -> list[EntityKey]:
+    """The erasure index keys that cover ``event``, sealed under ``refs``: its entities', and
+    for a conversation's own event the erasure of the conversation's content too (which does
+    not cover a memory taken from the conversation)."""
+    keys = [_erasure_key(ref) for ref in refs]
+    if event.event_type.startswith("conversation."):
+        keys += [conversation_content_key(t, i) for t, kind, i in refs if kind == "conversation"]
+    return keys
+
+
 class Sealer:
     name = "sealer"
     input_specs: tuple[TopicSpec, ...]
@@ -134,7 +150,8 @@ class Sealer:
         written: such an entity gets a key in ``proposed``, which ``confirm`` stores once the
         caller holds the locks, if no erasure of these entities was recorded meanwhile."""
         read = await erasure_guard.read_erasures(
-            conn, (_erasure_key(ref) for event in events for ref in event_sealing_keys(event))
+            conn,
+            (key for event in events for key in erasure_keys_of(event, event_sealing_keys(event))),
         )
         erasures = read.index
         wanted = keys_needed(events, erasures)
@@ -195,7 +212,7 @@ class Sealer:
             else:
                 # (``model_dump(mode="json", exclude_unset=True)``, without its Python wrapper.)
                 raw = serializer.to_python(event, mode="json", exclude_unset=True)
-                if state.erasures.covering(map(_erasure_key, keys), event.occurred_at):
+                if state.erasures.covering(erasure_keys_of(event, keys), event.occurred_at):
                     sealed.erased += 1
                     sealed.erased_at.append(index)
                     raw = seal_erased(raw)
@@ -244,7 +261,7 @@ def keys_needed(events: Sequence[Envelope], erasures: ErasureIndex) -> list[Enti
         ref
         for event in events
         if (keys := event_sealing_keys(event))
-        and erasures.covering(map(_erasure_key, keys), event.occurred_at) is None
+        and erasures.covering(erasure_keys_of(event, keys), event.occurred_at) is None
         for ref in keys
     ]
 

@@ -253,7 +253,9 @@ def _match(tenant: str, index: ErasureIndex) -> Match:
     subjects = [k for k in index.entries if k[1] == "subject"]
     return Match(
         tenant_id=tenant,
-        conversation_ids=tuple(k[3] for k in index.entries if k[1] == "conversation"),
+        conversation_ids=tuple(
+            k[3] for k in index.entries if k[1] in ("conversation", "conversation_content")
+        ),
         memory_ids=tuple(k[3] for k in index.entries if k[1] == "memory"),
         # One subject per Match: the others are found through their memories and
         # conversations, and separately.

@@ -60,6 +60,7 @@ _DESCRIPTIONS = {
     401: "no valid API key",
     403: "outside the key's tenant, purpose or write bounds",
     404: "not found (or not the key's tenant's)",
+    409: "refused: a legal hold is in force on what it would erase (the refusal is recorded)",
     413: "request body too large",
     422: "invalid parameters or body",
     423: "the subject is paused by an operator (code subject_paused): nothing of it is served",

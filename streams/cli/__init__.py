@@ -16,6 +16,7 @@ from streams.cli.observe import audit, top
 from streams.cli.operations import db, topics, worker
 from streams.cli.policy import policy
 from streams.cli.replay import offsets, replay
+from streams.cli.retention import hold, retention
 from streams.cli.serve import serve
 from streams.cli.subject import subject
 from streams.kafka_security import KafkaUnavailable
@@ -60,6 +61,8 @@ for command in (
     keys,
     serve,
     policy,
+    retention,
+    hold,
 ):
     cli.add_command(command)
 

@@ -8,15 +8,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+import psycopg
 from confluent_kafka import KafkaError, Producer
 
 from projections.bookkeeping import Conn
 from projections.deletion import queries
+from projections.retention import holds as legal_holds
 from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
 from streams.kafka import producer_config
 from streams.sample import iso
+from topics.deletion import DeletionTarget
 from topics.registry import DELETION_REQUESTS
 
 
@@ -55,6 +58,22 @@ def request_deletion(
         raise click.ClickException("the request was not delivered to Kafka")
     if refused:  # an ACL refusing the topic, say: the one line names it
         raise settings.kafka.unavailable(refused[0])
+    # Published whether held or not: the ledger decides, and records a refusal. Looked up
+    # here to say so at once; without PostgreSQL the ledger's status says it later.
+    try:
+        held = with_connection(
+            settings,
+            lambda conn: legal_holds.holding_request(
+                conn, tenant, DeletionTarget.model_validate(target), request.requested_at
+            ),
+        )
+    except psycopg.Error:
+        held = None
+    if held is not None:
+        raise click.ClickException(
+            f"refused: {held.description} is in force; recorded as deletion"
+            f" {request.deletion_id} (memproj hold list --tenant {tenant})"
+        )
     if as_json:
         echo_json(
             {
@@ -164,6 +183,12 @@ def deletion_status(
             await asyncio.sleep(0.2)
 
     details = with_connection(settings_of(ctx), load)
+    if not details and tenant is not None:
+        refusal = with_connection(
+            settings_of(ctx), lambda conn: queries.refusal(conn, tenant, deletion_id)
+        )
+        if refusal is not None:
+            raise click.ClickException(f"deletion {deletion_id}: {refusal}")
     if not details:
         raise click.ClickException(f"no deletion {deletion_id!r} (it may not be applied yet)")
     if as_json:

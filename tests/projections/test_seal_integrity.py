@@ -24,8 +24,11 @@ from projections.sealing.crypto import (
 )
 from projections.sealing.fields import (
     SEAL_FORMAT,
+    SEAL_FORMAT_SOURCE_KEY,
     SEAL_FORMAT_SOURCED,
+    SOURCE_KEY_ENTITY,
     EntityRef,
+    combined_key,
     entity_name,
     seal,
     sealed_event_associated,
@@ -145,7 +148,8 @@ _EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "a removed field": lambda e: e["payload"].pop("observed_at"),
     "sealed.entity": lambda e: e["payload"]["sealed"].update(entity="memory:m2"),
     "sealed.v removed": lambda e: e["payload"]["sealed"].pop("v"),
-    "sealed.v unknown": lambda e: e["payload"]["sealed"].update(v=4),
+    "sealed.v unknown": lambda e: e["payload"]["sealed"].update(v=5),
+    "sealed.v as format 3": lambda e: e["payload"]["sealed"].update(v=3),
     "sealed.v under one key": lambda e: e["payload"]["sealed"].update(v=2),
     "sealed.v as text": lambda e: e["payload"]["sealed"].update(v="2"),
     "sealed.v as bool": lambda e: e["payload"]["sealed"].update(v=True),
@@ -155,8 +159,9 @@ _EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
 @pytest.mark.parametrize("edit", sorted(_EDITS))
 def test_an_edit_of_any_bound_field_makes_the_seal_fail_to_open(edit: str) -> None:
     sealed = through_the_log(seal(EventFactory().proposed("t1", "m1", value={"x": 1.5}), KEY))
-    # The factory's source is a message: sealed under the memory's and the conversation's key.
-    assert sealed["payload"]["sealed"]["v"] == SEAL_FORMAT_SOURCED
+    # The factory's source is a message: sealed under the memory's and the conversation's
+    # source key.
+    assert sealed["payload"]["sealed"]["v"] == SEAL_FORMAT_SOURCE_KEY
     assert unseal(through_the_log(sealed), any_key)["payload"]["value"] == {"x": 1.5}
     _EDITS[edit](sealed)
     with pytest.raises(Unreadable):
@@ -278,3 +283,40 @@ def test_a_probe_needs_the_master_key() -> None:
     sealed = ProbeSealer(MASTER).seal("t1", "d1", "memory", "m1", _VECTOR)
     with pytest.raises(Unreadable):
         ProbeSealer(new_data_key()).open("t1", "d1", "memory", "m1", sealed)
+
+
+_CONVERSATION_KEYS = {
+    ("t1", "memory", "m1"): new_data_key(),
+    ("t1", "conversation", "conv_1"): new_data_key(),
+    ("t1", SOURCE_KEY_ENTITY, "conv_1"): new_data_key(),
+}
+
+
+def _keys_without(*gone: EntityRef) -> Callable[[EntityRef], bytes | None]:
+    """The keys of memory m1 and conversation conv_1, but those ``gone`` (shredded)."""
+    return lambda ref: None if ref in gone else _CONVERSATION_KEYS.get(ref)
+
+
+def test_a_value_taken_from_a_conversation_outlives_the_content_key_not_the_source_key() -> None:
+    raw = EventFactory().proposed("t1", "m1", value={"text": "kept"})  # from conv_1/msg_1
+    sealed = through_the_log(seal(raw, _keys_without()))
+    content_erased = _keys_without(("t1", "conversation", "conv_1"))
+    assert unseal(sealed, content_erased)["payload"]["value"] == {"text": "kept"}
+    with pytest.raises(Unreadable):
+        unseal(sealed, _keys_without(("t1", SOURCE_KEY_ENTITY, "conv_1")))
+
+
+def test_format_3_values_still_open_under_the_content_key() -> None:
+    keys = _keys_without()
+    raw = EventFactory().proposed("t1", "m1", value={"text": "old"})
+    payload = dict(raw["payload"])
+    personal = {"value": payload.pop("value")}
+    payload["sealed"] = {"v": SEAL_FORMAT_SOURCED, "entity": "memory:m1"}
+    event = {**raw, "payload": payload}
+    refs = (("t1", "memory", "m1"), ("t1", "conversation", "conv_1"))
+    payload["sealed"]["fields"] = seal_fields(
+        combined_key(refs, keys), personal, sealed_event_associated(event)
+    )
+    assert unseal(through_the_log(event), keys)["payload"]["value"] == {"text": "old"}
+    with pytest.raises(Unreadable):
+        unseal(through_the_log(event), _keys_without(("t1", "conversation", "conv_1")))

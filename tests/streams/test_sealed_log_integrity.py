@@ -11,7 +11,7 @@ import pytest
 from projections.deletion.verify import verify
 from projections.embeddings.embedder import memory_text
 from projections.embeddings.vectors import memory_entry_id
-from projections.sealing.fields import SEAL_FORMAT, SEAL_FORMAT_SOURCED, entity_of
+from projections.sealing.fields import SEAL_FORMAT, SEAL_FORMAT_SOURCE_KEY, entity_of
 from projections.sealing.sealer import Sealer
 from streams.sample import EventFactory, to_message
 from streams.worker import key_store, probe_sealer
@@ -165,5 +165,5 @@ def test_probes_are_gone_once_the_deletion_is_verified_clean(env: Any) -> None:
         formats = conn.execute("SELECT DISTINCT wrap_format FROM entity_keys").fetchall()
     assert formats == [(2,)]  # every key this test created is wrapped in format 2
     sealed = [value for _, value in env.read(MEMORY_SEALED) if value and entity_of(value)]
-    current = (SEAL_FORMAT, SEAL_FORMAT_SOURCED)
+    current = (SEAL_FORMAT, SEAL_FORMAT_SOURCE_KEY)
     assert sealed and all(v["payload"]["sealed"].get("v") in current for v in sealed)

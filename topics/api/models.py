@@ -75,3 +75,23 @@ class ContextView(_Body):
 class Health(_Body):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+class RetentionClassReceipt(_Body):
+    """One line of the retention receipt (``projections.retention.schedule.ClassReceipt``):
+    counts and times, never content."""
+
+    tenant_id: str
+    retention_class: str
+    period_seconds: float | None = Field(description="null: kept")
+    inside_period: int
+    held: int
+    due: int
+    erased_on_time: int
+    erased_late: int
+    oldest_overdue_seconds: float
+
+
+class RetentionReceipt(_Body):
+    at: str
+    classes: list[RetentionClassReceipt]

@@ -25,6 +25,8 @@ from projections.access.proposals import (
     request_digest,
 )
 from projections.deletion import queries
+from projections.deletion.ledger import HeldBy
+from projections.retention import holds as legal_holds
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
 from streams.api.paths import DeletionIdPath
@@ -37,6 +39,7 @@ from streams.deletion_requests import (
 from streams.kafka import PublishFailed
 from topics.api.paths import encode_segment
 from topics.api.writes import DeletionAccepted, DeletionProgress, DeletionRequestBody
+from topics.deletion import DeletionRequested
 from topics.registry import DELETION_REQUESTS
 
 router = APIRouter(prefix="/v1", tags=["deletions"])
@@ -58,7 +61,7 @@ IdempotencyKey = Annotated[
     "/deletions",
     status_code=202,
     response_model=DeletionAccepted,
-    responses=error_responses(400, 401, 403, 413, 422, 429, 500, 503),
+    responses=error_responses(400, 401, 403, 409, 413, 422, 429, 500, 503),
     summary="Request a deletion (published to deletion.requests)",
     operation_id="request_deletion",
 )
@@ -74,7 +77,9 @@ async def request_deletion(
     principal.check_purpose(DELETE)
     request = deletion_request(services, principal, body)
     if idempotency_key is None:
+        held = await holding(services, request)
         await deliver(services, request)
+        refuse_if_held(held, request.deletion_id)
         return accepted(principal.tenant_id, request.deletion_id, request.requested_at)
     digest = request_digest(body.model_dump(mode="json"))
     fresh = AcceptedDeletion(request.deletion_id, request.requested_at)
@@ -92,8 +97,29 @@ async def request_deletion(
         if first is not None:
             return accepted(principal.tenant_id, first.deletion_id, first.requested_at)
         # A failed delivery leaves the block and rolls the claim back: the retry is a first try.
+        held = await holding(services, request)
         await deliver(services, request)
+    refuse_if_held(held, request.deletion_id)
     return accepted(principal.tenant_id, request.deletion_id, request.requested_at)
+
+
+async def holding(services: ApiServices, request: DeletionRequest) -> HeldBy | None:
+    """The legal hold the ledger will refuse ``request`` under, if any. The request is
+    published all the same: the ledger decides and records the refusal."""
+    event = DeletionRequested.model_validate_json(request.value)
+    async with services.pool.connection() as conn:
+        return await legal_holds.holding_request(
+            conn, request.tenant_id, event.payload.target, event.occurred_at
+        )
+
+
+def refuse_if_held(held: HeldBy | None, deletion_id: str) -> None:
+    if held is not None:
+        raise ApiError(
+            409,
+            "legal_hold",
+            f"refused: {held.description} is in force; recorded as deletion {deletion_id}",
+        )
 
 
 def deletion_request(
@@ -133,7 +159,7 @@ def accepted(tenant_id: str, deletion_id: str, requested_at: datetime) -> Deleti
 @router.get(
     "/deletions/{deletion_id:segment}",
     response_model=DeletionProgress,
-    responses=error_responses(401, 403, 404, 413, 422, 429, 500),
+    responses=error_responses(401, 403, 404, 409, 413, 422, 429, 500),
     summary="A deletion's per-store status, timings and verification",
     operation_id="get_deletion",
 )
@@ -144,6 +170,9 @@ async def get_deletion(
     principal.check_purpose(DELETE)
     async with services.pool.connection() as conn:
         detail = await queries.request_detail(conn, principal.tenant_id, deletion_id)
+        refused = None if detail else await queries.refusal(conn, principal.tenant_id, deletion_id)
+    if refused is not None:
+        raise ApiError(409, "legal_hold", refused)
     if detail is None:
         raise ApiError(404, "not_found", f"no deletion {deletion_id!r} (yet)")
     return DeletionProgress.model_validate(detail)
