@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import lancedb
 import numpy as np
@@ -26,12 +26,10 @@ from lancedb.table import Table
 from projections.embeddings.embedder import hashing_name
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
-    KINDS,
     REPLAY_PREFIX,
     SCHEMA_VERSION,
     Candidate,
     EmbedderMismatch,
-    EntryKind,
     EntryRef,
     Match,
     MemoryOnly,
@@ -40,6 +38,8 @@ from projections.embeddings.vectors import (
     VectorHit,
     VectorSchemaOutdated,
     VectorStoreMissing,
+    stored_entry,
+    stored_kind,
 )
 
 # -- filters -------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ class LanceVectorStore:
         found = [
             Candidate(
                 row["id"],
-                _kind(row),
+                stored_kind(row["id"], row["kind"]),
                 row["tenant_id"],
                 row["memory_id"],
                 row["version"],
@@ -667,33 +667,9 @@ def _row(entry: VectorEntry) -> dict[str, Any]:
     }
 
 
-def _kind(row: Mapping[str, Any]) -> EntryKind:
-    kind = row["kind"]
-    if kind not in KINDS:
-        raise ValueError(f"stored entry {row['id']!r} has an unknown kind {kind!r}")
-    return cast(EntryKind, kind)
-
-
 def _entry(row: Mapping[str, Any]) -> VectorEntry:
-    return VectorEntry(
-        id=row["id"],
-        kind=_kind(row),
-        tenant_id=row["tenant_id"],
-        subject_type=row["subject_type"],
-        subject_id=row["subject_id"],
-        memory_id=row["memory_id"],
-        conversation_id=row["conversation_id"],
-        message_id=row["message_id"],
-        source_type=row["source_type"],
-        source_ref=row["source_ref"],
-        text=row["text"],
-        version=row["version"],
-        # pyarrow returns zoneinfo's UTC; the rest of memproj uses datetime.UTC.
-        occurred_at=row["occurred_at"].astimezone(UTC),
-        vector=tuple(row["vector"]),
-        memory_kind=row.get("memory_kind"),
-        scope=row.get("scope"),
-    )
+    # pyarrow returns zoneinfo's UTC; stored_entry gives datetime.UTC like the rest of memproj.
+    return stored_entry(row, tuple(row["vector"]))
 
 
 def _ref_batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[list[EntryRef]]:
@@ -705,7 +681,7 @@ def _ref_batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[list[Entry
 def _ref(row: Mapping[str, Any]) -> EntryRef:
     return EntryRef(
         id=row["id"],
-        kind=_kind(row),
+        kind=stored_kind(row["id"], row["kind"]),
         tenant_id=row["tenant_id"],
         subject_type=row["subject_type"],
         subject_id=row["subject_id"],

@@ -20,7 +20,7 @@ columns, and opening one of another embedder or version refuses, as LanceDB's ta
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -32,12 +32,10 @@ from psycopg_pool import ConnectionPool
 
 from projections.embeddings.ranking import NearestIds, as_vectors, nearest, vector_bytes
 from projections.embeddings.vectors import (
-    KINDS,
     REPLAY_PREFIX,
     SCHEMA_VERSION,
     Candidate,
     EmbedderMismatch,
-    EntryKind,
     EntryRef,
     Match,
     MemoryOnly,
@@ -46,6 +44,8 @@ from projections.embeddings.vectors import (
     VectorHit,
     VectorSchemaOutdated,
     VectorStoreMissing,
+    stored_entry,
+    stored_kind,
 )
 
 Pool = ConnectionPool[psycopg.Connection[tuple[Any, ...]]]
@@ -340,24 +340,7 @@ class PostgresVectorStore:
     def _entry(self, row: Sequence[Any]) -> VectorEntry:
         values = dict(zip(_COLUMNS, row, strict=True))
         vector = as_vectors(bytes(values["vector"]), self.dim)[0]
-        return VectorEntry(
-            id=values["id"],
-            kind=_kind(values),
-            tenant_id=values["tenant_id"],
-            subject_type=values["subject_type"],
-            subject_id=values["subject_id"],
-            memory_id=values["memory_id"],
-            conversation_id=values["conversation_id"],
-            message_id=values["message_id"],
-            source_type=values["source_type"],
-            source_ref=values["source_ref"],
-            text=values["text"],
-            version=values["version"],
-            occurred_at=values["occurred_at"].astimezone(UTC),
-            vector=tuple(vector.tolist()),
-            memory_kind=values["memory_kind"],
-            scope=values["scope"],
-        )
+        return stored_entry(values, tuple(vector.tolist()))
 
     def find_refs(self, match: Match, batch_rows: int) -> Iterator[list[EntryRef]]:
         """A server-side cursor: a batch of ``batch_rows`` at a time crosses the wire."""
@@ -493,7 +476,7 @@ class PostgresVectorStore:
             return []
         ranked = self._rank(vector, limit, self._candidates(tenant_id, subject, only))
         return [
-            Candidate(entry_id, _checked_kind(entry_id, kind), tenant_id, memory_id, version, d)
+            Candidate(entry_id, stored_kind(entry_id, kind), tenant_id, memory_id, version, d)
             for d, (entry_id, kind, memory_id, version) in self._by_id(
                 tenant_id, ranked, ("id", "kind", "memory_id", "version")
             )
@@ -560,21 +543,11 @@ class PostgresVectorStore:
         return sorted(tenant for (tenant,) in rows)
 
 
-def _checked_kind(entry_id: str, kind: str) -> EntryKind:
-    if kind not in KINDS:
-        raise ValueError(f"stored entry {entry_id!r} has an unknown kind {kind!r}")
-    return kind
-
-
-def _kind(values: Mapping[str, Any]) -> EntryKind:
-    return _checked_kind(values["id"], values["kind"])
-
-
 def _ref(row: Sequence[Any]) -> EntryRef:
     values = dict(zip(_REF_COLUMNS, row, strict=True))
     return EntryRef(
         id=values["id"],
-        kind=_kind(values),
+        kind=stored_kind(values["id"], values["kind"]),
         tenant_id=values["tenant_id"],
         subject_type=values["subject_type"],
         subject_id=values["subject_id"],

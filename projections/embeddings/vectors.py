@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal, Protocol
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
 
 from topics.registry import escape_id
 
@@ -79,6 +79,36 @@ class VectorEntry:
     vector: tuple[float, ...]
     memory_kind: str | None  # the memory's kind; None for a message
     scope: str | None  # the memory's scope; None for a message
+
+
+def stored_kind(entry_id: str, kind: str) -> EntryKind:
+    """A stored entry's kind, checked: a store never hands out an entry of an unknown kind."""
+    if kind not in KINDS:
+        raise ValueError(f"stored entry {entry_id!r} has an unknown kind {kind!r}")
+    return kind
+
+
+def stored_entry(row: Mapping[str, Any], vector: tuple[float, ...]) -> VectorEntry:
+    """The entry a store's row holds (its columns by name, the vector decoded by the store).
+    Times come back in ``datetime.UTC`` whatever tzinfo the backend returns."""
+    return VectorEntry(
+        id=row["id"],
+        kind=stored_kind(row["id"], row["kind"]),
+        tenant_id=row["tenant_id"],
+        subject_type=row["subject_type"],
+        subject_id=row["subject_id"],
+        memory_id=row["memory_id"],
+        conversation_id=row["conversation_id"],
+        message_id=row["message_id"],
+        source_type=row["source_type"],
+        source_ref=row["source_ref"],
+        text=row["text"],
+        version=row["version"],
+        occurred_at=row["occurred_at"].astimezone(UTC),
+        vector=vector,
+        memory_kind=row.get("memory_kind"),
+        scope=row.get("scope"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
