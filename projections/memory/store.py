@@ -382,16 +382,19 @@ _HELD_VERSIONS = (
 )
 
 
-async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[PendingReview]:
-    """The tenant's versions held for review, oldest first."""
+async def pending_reviews(
+    conn: Conn, tenant_id: str, limit: int = 100, memory_id: str | None = None
+) -> list[PendingReview]:
+    """The tenant's versions held for review, oldest first (of one memory, if named)."""
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at, v.event_type, v.occurred_at,"
             " v.actor_type, v.actor_id, v.policy_version, v.review_rule,"
             " m.status AS row_status, m.head_version"
             f" {_HELD_VERSIONS} AND m.tenant_id = %(tenant)s"
+            " AND (%(memory)s::text IS NULL OR m.memory_id = %(memory)s)"
             " ORDER BY v.occurred_at, v.memory_id LIMIT %(limit)s",
-            {"tenant": tenant_id, "limit": limit},
+            {"tenant": tenant_id, "limit": limit, "memory": memory_id},
         )
         rows = await cursor.fetchall()
     served = await load_records(
