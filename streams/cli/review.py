@@ -8,6 +8,7 @@ from typing import Any, cast
 import click
 from confluent_kafka import KafkaError, Producer
 
+from projections.memory import store as memory_store
 from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.kafka import producer_config
 from streams.reviews import REVIEWER_TYPES, InvalidReview, build_review, pending_diffs
@@ -79,6 +80,25 @@ def review_list(ctx: click.Context, tenant: str, limit: int, as_json: bool) -> N
             f"{diff.memory_id:16} v{diff.version} {diff.kind:12} {_value(diff.review_rule):28}"
             f" waiting {age:.0f}s {diff.proposed_value}"
         )
+
+
+@review.command("queue")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def review_queue(ctx: click.Context, as_json: bool) -> None:
+    """Per tenant: how many writes await review and how long the oldest has waited (what
+    memproj_review_queue_size and memproj_review_oldest_pending_seconds sum up)."""
+    queue = with_connection(
+        settings_of(ctx), lambda conn: memory_store.review_queue(conn, datetime.now(UTC))
+    )
+    ordered = sorted(queue.items(), key=lambda item: -item[1][1])
+    if as_json:
+        echo_json({tenant: {"pending": n, "oldest_seconds": age} for tenant, (n, age) in ordered})
+        return
+    if not ordered:
+        click.echo("nothing awaits review")
+    for tenant, (count, age) in ordered:
+        click.echo(f"{tenant}\t{count} pending\toldest {age:.0f}s")
 
 
 @review.command("show")
