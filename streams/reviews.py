@@ -23,8 +23,6 @@ from topics.envelope import ActorType
 from topics.memory import MemoryReviewed
 
 Decision = Literal["approved", "rejected"]
-# Who may review (the reducer refuses anyone else as review_not_allowed).
-REVIEWER_TYPES: tuple[ActorType, ...] = ("user", "operator")
 
 
 class InvalidReview(ValueError):

@@ -9,9 +9,10 @@ import click
 from confluent_kafka import KafkaError, Producer
 
 from projections.memory import store as memory_store
+from projections.memory.reducer import REVIEWER_TYPES
 from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.kafka import producer_config
-from streams.reviews import REVIEWER_TYPES, InvalidReview, build_review, pending_diffs
+from streams.reviews import InvalidReview, build_review, pending_diffs
 from topics.api.models import ReviewDiff
 from topics.envelope import ActorType
 from topics.registry import MEMORY_EVENTS
@@ -125,7 +126,7 @@ _DECISION_OPTIONS = [
     click.argument("memory_id"),
     click.option("--version", required=True, type=click.IntRange(min=1), help="the held version"),
     click.option("--note", help="why (kept with the decision, personal)"),
-    click.option("--reviewer-type", required=True, type=click.Choice(REVIEWER_TYPES)),
+    click.option("--reviewer-type", required=True, type=click.Choice(sorted(REVIEWER_TYPES))),
     click.option("--reviewer-id", required=True, help="who decides (the event's actor)"),
     click.option("--json", "as_json", is_flag=True),
 ]
