@@ -5,19 +5,16 @@ The memory worker decides what a review does (``projections/memory/reducer.py``)
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
-
-from pydantic import ValidationError
 
 from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.conversation.reducer import MessageRecord
 from projections.memory import store as memory_store
 from projections.memory.store import PendingReview
-from streams.sample import iso, to_message
+from streams.own_events import InvalidEvent, build_event
 from topics.api.models import EvidenceMessage, ReviewDiff
 from topics.envelope import ActorType
 from topics.memory import MemoryReviewed
@@ -57,25 +54,11 @@ def build_review(
     }
     if note:
         payload["note"] = note
-    event = {
-        "event_id": str(uuid.uuid4()),
-        "event_type": "memory.reviewed",
-        "schema_version": 1,
-        "tenant_id": tenant_id,
-        "occurred_at": iso(now),
-        "actor": {"type": reviewer[0], "id": reviewer[1]},
-        "payload": payload,
-    }
-    key, value = to_message(event)
     try:
-        MemoryReviewed.model_validate_json(value)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
-            for error in exc.errors(include_url=False, include_input=False)[:5]
-        )
-        raise InvalidReview(problems) from None
-    return ReviewMessage(str(event["event_id"]), tenant_id, memory_id, now, key, value)
+        event = build_event(MemoryReviewed, "memory.reviewed", tenant_id, reviewer, now, payload)
+    except InvalidEvent as exc:
+        raise InvalidReview(str(exc)) from None
+    return ReviewMessage(event.event_id, tenant_id, memory_id, now, event.key, event.value)
 
 
 def _evidence_message(message: MessageRecord) -> EvidenceMessage:

@@ -6,12 +6,10 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import click
-from confluent_kafka import KafkaError, Producer
 
 from projections.memory import store as memory_store
 from projections.memory.reducer import REVIEWER_TYPES
-from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
-from streams.kafka import producer_config
+from streams.cli.common import echo_json, publish, settings_of, talks_to_kafka, with_connection
 from streams.reviews import InvalidReview, build_review, pending_diffs
 from topics.api.models import ReviewDiff
 from topics.envelope import ActorType
@@ -162,20 +160,7 @@ def publish_review(
         )
     except InvalidReview as exc:
         raise click.BadParameter(str(exc)) from None
-    refused: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, _message: object) -> None:
-        if error is not None:
-            refused.append(error)
-
-    producer = Producer(producer_config(settings.kafka))
-    producer.produce(
-        settings.topics.name(MEMORY_EVENTS), message.value, message.key, on_delivery=on_delivery
-    )
-    if producer.flush(30):
-        raise click.ClickException("the review was not delivered to Kafka")
-    if refused:
-        raise settings.kafka.unavailable(refused[0])
+    publish(settings, MEMORY_EVENTS, message.key, message.value, "the review")
     if as_json:
         echo_json(
             {
