@@ -24,8 +24,7 @@ from streams.api.heads import BoundedHeadProtocol, HeadLimit
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
 from streams.api.paths import RawPathRouting
-from streams.api.routes import conversations, deletions, memories, proposals, retention
-from streams.api.routes import conversations, deletions, memories, proposals, reviews
+from streams.api.routes import conversations, deletions, memories, proposals, retention, reviews
 from streams.api.services import ApiServices
 from streams.settings import Settings
 from topics.api.models import Health
