@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
-from streams.sample import iso, to_message
+from streams.own_events import InvalidEvent, build_event
+from streams.sample import iso
 from topics.deletion import DeletionRequested
 from topics.envelope import ActorType
 
@@ -52,22 +51,10 @@ def build_deletion_request(
         payload["scope"] = scope
     if deadline is not None:
         payload["deadline_at"] = iso(now + deadline)
-    event = {
-        "event_id": event_id or str(uuid.uuid4()),
-        "event_type": "deletion.requested",
-        "schema_version": 1,
-        "tenant_id": tenant_id,
-        "occurred_at": iso(now),
-        "actor": {"type": actor[0], "id": actor[1]},
-        "payload": payload,
-    }
-    key, value = to_message(event)
     try:
-        DeletionRequested.model_validate_json(value)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
-            for error in exc.errors(include_url=False, include_input=False)[:5]
+        event = build_event(
+            DeletionRequested, "deletion.requested", tenant_id, actor, now, payload, event_id
         )
-        raise InvalidDeletionRequest(problems) from None
-    return DeletionRequest(deletion_id, tenant_id, now, key, value)
+    except InvalidEvent as exc:
+        raise InvalidDeletionRequest(str(exc)) from None
+    return DeletionRequest(deletion_id, tenant_id, now, event.key, event.value)

@@ -21,6 +21,7 @@ from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, queries
 from projections.deletion.verify import verify
+from projections.memory import store as memory_store
 from projections.stores import DerivedStore
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
@@ -244,7 +245,9 @@ class LedgerMaintenance(Service):
             blocked = await queries.blocked_reads(conn)
             unpurged = await queries.unpurged_by_place(conn, self._clock())
             flagged = await evidence_flags.flagged_memories(conn)
+            reviews = await memory_store.review_queue(conn, self._clock())
         self._metrics.memories_evidence_erased.set(flagged)
+        self._metrics.review_queue(reviews)
         if self._purge is not None:
             self._metrics.unpurged_deletions(unpurged, self._purge.places)
         self._metrics.pending_deletions(pending, tuple(s.name for s in self._stores))

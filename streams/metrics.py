@@ -90,6 +90,18 @@ class Metrics:
             "memories whose cited evidence an erasure removed (flagged)",
             registry=registry,
         )
+        # Summed over tenants: a tenant label would grow with the tenants (unbounded); which
+        # tenant waits is `memproj review queue`.
+        self.review_queue_size = Gauge(
+            "memproj_review_queue_size",
+            "memory versions held for review (pending_review), all tenants",
+            registry=registry,
+        )
+        self.review_oldest_pending = Gauge(
+            "memproj_review_oldest_pending_seconds",
+            "age of the oldest version held for review, any tenant (0: none held)",
+            registry=registry,
+        )
         self.tombstones_applied = Counter(
             "memproj_tombstones_applied",
             "tombstones a derived store has applied and acknowledged",
@@ -320,6 +332,11 @@ class Metrics:
 
     def redacted(self, kind: str, count: int) -> None:
         self.redactions.labels(kind).inc(count)
+
+    def review_queue(self, by_tenant: Mapping[str, tuple[int, float]]) -> None:
+        """``projections.memory.store.review_queue``'s answer, over all tenants."""
+        self.review_queue_size.set(sum(count for count, _ in by_tenant.values()))
+        self.review_oldest_pending.set(max((age for _, age in by_tenant.values()), default=0.0))
 
     def admitted(self, decision: str, cause: str, count: int) -> None:
         self.admissions.labels(decision, cause).inc(count)

@@ -43,11 +43,14 @@ import orjson
 
 from projections.access.policy import PolicyRefusal, WriteBounds, check_purpose
 from projections.bookkeeping import Conn
+from projections.memory.reducer import REVIEWER_TYPES
 from topics.envelope import ActorType
 
 PROPOSE: Final = "propose"
 DELETE: Final = "delete"
-WRITE_PURPOSES: Final = frozenset({PROPOSE, DELETE})
+# Reads the held writes and publishes reviews of them (a person's key only: ``judge_reviewer``).
+REVIEW: Final = "review"
+WRITE_PURPOSES: Final = frozenset({PROPOSE, DELETE, REVIEW})
 ACTOR_TYPES: Final = frozenset(get_args(ActorType))
 
 
@@ -80,6 +83,18 @@ def judge_proposal(
             "actor_mismatch",
             f"the event's actor must be this key's: type {expected[0]!r}, id {expected[1]!r}",
         )
+
+
+def judge_reviewer(actor: str) -> tuple[ActorType, str]:
+    """The reviewer a key of ``actor`` is (its ``key_actor``), or a refusal: only a person,
+    a ``user`` or an ``operator``, reviews (the memory reducer refuses anyone else too)."""
+    reviewer = key_actor(actor)
+    if reviewer[0] not in REVIEWER_TYPES:
+        raise PolicyRefusal(
+            "review_not_allowed",
+            f"a {reviewer[0]} may not review: a key whose actor is user:ID or operator:ID may",
+        )
+    return reviewer
 
 
 def judge_memory_write(

@@ -489,6 +489,22 @@ async def evidence_messages(
     return {str(row[0]): bool(row[1]) for row in await cursor.fetchall()}
 
 
+async def messages_by_event_id(
+    conn: Conn, tenant_id: str, event_ids: Iterable[str]
+) -> list[MessageRecord]:
+    """The tenant's stored messages (redacted, as applied) these event ids made, in order."""
+    wanted = sorted(set(event_ids))
+    if not wanted:
+        return []
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            f"SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages"
+            " WHERE tenant_id = %s AND event_id = ANY(%s) ORDER BY occurred_at, seq",
+            (tenant_id, wanted),
+        )
+        return [_message_from_row(row) for row in await cursor.fetchall()]
+
+
 async def event_ids_of_conversations(
     conn: Conn, tenant_id: str, conversations: Iterable[str]
 ) -> list[str]:

@@ -374,24 +374,29 @@ class PendingReview:
     served: MemoryRecord | None
 
 
-# The version held for review of every memory that has one (its row, or the head above it).
+# A memory with a version held for review (its row, or the head above it).
+_HELD = "(m.status = 'pending_review' OR m.head_status = 'pending_review')"
+# The version held for review of every memory that has one.
 _HELD_VERSIONS = (
     "FROM memories m JOIN memory_versions v ON v.tenant_id = m.tenant_id"
     " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version)"
-    " WHERE (m.status = 'pending_review' OR m.head_status = 'pending_review')"
+    f" WHERE {_HELD}"
 )
 
 
-async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[PendingReview]:
-    """The tenant's versions held for review, oldest first."""
+async def pending_reviews(
+    conn: Conn, tenant_id: str, limit: int = 100, memory_id: str | None = None
+) -> list[PendingReview]:
+    """The tenant's versions held for review, oldest first (of one memory, if named)."""
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
             f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at, v.event_type, v.occurred_at,"
             " v.actor_type, v.actor_id, v.policy_version, v.review_rule,"
             " m.status AS row_status, m.head_version"
             f" {_HELD_VERSIONS} AND m.tenant_id = %(tenant)s"
+            " AND (%(memory)s::text IS NULL OR m.memory_id = %(memory)s)"
             " ORDER BY v.occurred_at, v.memory_id LIMIT %(limit)s",
-            {"tenant": tenant_id, "limit": limit},
+            {"tenant": tenant_id, "limit": limit, "memory": memory_id},
         )
         rows = await cursor.fetchall()
     served = await load_records(
@@ -418,9 +423,15 @@ async def pending_reviews(conn: Conn, tenant_id: str, limit: int = 100) -> list[
 
 async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]]:
     """Per tenant: how many versions await review and the oldest one's age in seconds."""
+    # The held version's time by primary key, one probe per held memory, whatever the
+    # planner estimates: it misjudges the join on the coalesce and may scan all of
+    # memory_versions (ops/decisions/governed-writes.md, "Review surfaces"). Refreshed every
+    # second, this grows with the queue, never with the history.
     cursor = await conn.execute(
-        "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(v.occurred_at))"
-        f" {_HELD_VERSIONS} GROUP BY m.tenant_id",
+        "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(("
+        " SELECT v.occurred_at FROM memory_versions v WHERE v.tenant_id = m.tenant_id"
+        " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version))))"
+        f" FROM memories m WHERE {_HELD} GROUP BY m.tenant_id",
         (now,),
     )
     return {str(r[0]): (int(r[1]), float(r[2])) for r in await cursor.fetchall()}

@@ -24,7 +24,7 @@ from streams.api.heads import BoundedHeadProtocol, HeadLimit
 from streams.api.limits import BodyLimit
 from streams.api.metrics import RequestMetrics
 from streams.api.paths import RawPathRouting
-from streams.api.routes import conversations, deletions, memories, proposals, retention
+from streams.api.routes import conversations, deletions, memories, proposals, retention, reviews
 from streams.api.services import ApiServices
 from streams.settings import Settings
 from topics.api.models import Health
@@ -64,6 +64,7 @@ def create_app(services: ApiServices) -> FastAPI:
     app.include_router(proposals.router)
     app.include_router(deletions.router)
     app.include_router(retention.router)
+    app.include_router(reviews.router)
     proposals.install_schemas(app)
     _add_probes(app)
     # add_middleware wraps what is already there: the last added runs first.

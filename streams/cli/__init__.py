@@ -17,6 +17,7 @@ from streams.cli.operations import db, topics, worker
 from streams.cli.policy import policy
 from streams.cli.replay import offsets, replay
 from streams.cli.retention import hold, retention
+from streams.cli.review import review
 from streams.cli.serve import serve
 from streams.cli.subject import subject
 from streams.kafka_security import KafkaUnavailable
@@ -63,6 +64,7 @@ for command in (
     policy,
     retention,
     hold,
+    review,
 ):
     cli.add_command(command)
 

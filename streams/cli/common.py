@@ -10,12 +10,14 @@ from typing import Any, ParamSpec, TypeVar
 import click
 import orjson
 import psycopg
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from projections.access.pauses import SubjectPaused
 from projections.bookkeeping import Conn
 from projections.migrate import migrate
+from streams.kafka import producer_config
 from streams.settings import Settings
+from topics.registry import TopicSpec
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -93,3 +95,21 @@ def talks_to_kafka(
         return checked
 
     return decorate
+
+
+def publish(settings: Settings, spec: TopicSpec, key: bytes, value: bytes, what: str) -> None:
+    """One message of an operator's command, delivered before the command goes on: not
+    delivered within 30 s is an error naming ``what``, and a broker's refusal (an ACL on the
+    topic, say) the one line ``KafkaCluster.unavailable`` names."""
+    refused: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            refused.append(error)
+
+    producer = Producer(producer_config(settings.kafka))
+    producer.produce(settings.topics.name(spec), value, key, on_delivery=on_delivery)
+    if producer.flush(30):
+        raise click.ClickException(f"{what} was not delivered to Kafka")
+    if refused:
+        raise settings.kafka.unavailable(refused[0])

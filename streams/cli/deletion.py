@@ -9,15 +9,13 @@ from typing import Any
 
 import click
 import psycopg
-from confluent_kafka import KafkaError, Producer
 
 from projections.bookkeeping import Conn
 from projections.deletion import queries
 from projections.retention import holds as legal_holds
-from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
+from streams.cli.common import echo_json, publish, settings_of, talks_to_kafka, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
-from streams.kafka import producer_config
 from streams.sample import iso
 from topics.deletion import DeletionTarget
 from topics.registry import DELETION_REQUESTS
@@ -44,20 +42,7 @@ def request_deletion(
         )
     except InvalidDeletionRequest as exc:
         raise click.BadParameter(str(exc)) from None
-    refused: list[KafkaError] = []
-
-    def on_delivery(error: KafkaError | None, _message: object) -> None:
-        if error is not None:
-            refused.append(error)
-
-    producer = Producer(producer_config(settings.kafka))
-    producer.produce(
-        settings.topics.name(DELETION_REQUESTS), request.value, request.key, on_delivery=on_delivery
-    )
-    if producer.flush(30):
-        raise click.ClickException("the request was not delivered to Kafka")
-    if refused:  # an ACL refusing the topic, say: the one line names it
-        raise settings.kafka.unavailable(refused[0])
+    publish(settings, DELETION_REQUESTS, request.key, request.value, "the request")
     # Published whether held or not: the ledger decides, and records a refusal. Looked up
     # here to say so at once; without PostgreSQL the ledger's status says it later.
     try:

@@ -7,8 +7,9 @@ import shlex
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 from urllib.parse import urlencode
 
 import click
@@ -17,18 +18,36 @@ from confluent_kafka.admin import AdminClient
 
 from projections.access import keys, purposes
 from projections.access.proposals import DELETE, PROPOSE
+from projections.admission import store as admission_store
+from projections.admission.policy import parse_document
 from projections.bookkeeping import Conn
+from projections.conversation import store as conversation_store
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
+from projections.memory import store as memory_store
 from projections.shadow import drop_schema
-from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
+from streams.cli.common import (
+    echo_json,
+    settings_of,
+    talks_to_kafka,
+    with_connection,
+    with_migrated,
+)
+from streams.cli.review import print_diff
 from streams.kafka import admin_config, consumer_config, delete_topics, producer_config
 from streams.progress import end_offsets, wait_pipeline
-from streams.sample import sample_conversation_stream, sample_memory_stream
+from streams.reviews import build_review, pending_diff
+from streams.sample import (
+    EventFactory,
+    sample_conversation_stream,
+    sample_memory_stream,
+    to_message,
+)
 from streams.settings import Settings
 from topics.api.paths import encode_segment
+from topics.envelope import ActorType
 from topics.messages import InputMessage, header_pairs
-from topics.outputs import DeadLetter
+from topics.outputs import DeadLetter, MemoryRecord
 from topics.registry import (
     CONVERSATION_EVENTS,
     CONVERSATION_REJECTIONS,
@@ -37,6 +56,8 @@ from topics.registry import (
     MEMORY_REJECTIONS,
     TopicSpec,
 )
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -412,3 +433,102 @@ def demo_api(ctx: click.Context, url: str | None) -> None:
     )
     for line in curl_lines(url, token, subject, DEMO_PURPOSE, DEMO_SEARCH_TEXT):
         click.echo(line)
+
+
+# -- governed writes: one memory held for review, the reviewer's diff, the approval -------------
+
+REVIEW_TENANT = "tenant_governed"
+REVIEW_SUBJECT = ("user", "user_review")
+REVIEW_POLICY = {"rules": [{"kind": "risk", "decision": "review", "evidence_required": True}]}
+REVIEWER: tuple[ActorType, str] = ("operator", "demo_reviewer")
+# How long the demo waits for the workers to apply each step.
+REVIEW_WAIT_SECONDS = 60.0
+
+
+def _wait_for(settings: Settings, what: str, check: Callable[[Conn], Awaitable[T | None]]) -> T:
+    deadline = time.monotonic() + REVIEW_WAIT_SECONDS
+    while True:
+        found = with_connection(settings, check)
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"{what}: not within {REVIEW_WAIT_SECONDS:.0f} s")
+        time.sleep(0.2)
+
+
+def _produce(settings: Settings, spec: TopicSpec, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = Producer(producer_config(settings.kafka))
+    for key, value in messages:
+        producer.produce(settings.topics.name(spec), value, key)
+    if producer.flush(30):
+        raise click.ClickException("the demo's events were not delivered to Kafka")
+
+
+@demo.command("review")
+@click.option("--tenant", default=REVIEW_TENANT, show_default=True)
+@click.pass_context
+@talks_to_kafka()
+def demo_review(ctx: click.Context, tenant: str) -> None:
+    """Governed writes with the workers running: a policy that reviews the kind "risk" (with
+    evidence), a customer's message, a risk memory citing it held for review, the reviewer's
+    diff, an operator's approval, and the memory served."""
+    settings = settings_of(ctx)
+    document = parse_document(REVIEW_POLICY)
+    stored = with_migrated(
+        settings, lambda conn: admission_store.add_version(conn, tenant, document, "demo")
+    )
+    click.echo(f"policy v{stored.version} of {tenant}: {REVIEW_POLICY}")
+    run = uuid.uuid4().hex[:8]
+    f = EventFactory(id_prefix=f"review-{run}", clock=datetime.now(UTC))
+    conversation, memory_id = f"conv_review_{run}", f"mem_risk_{run}"
+    said = f.message(
+        tenant, conversation, "msg_1", "user", "I am disputing the March charge with my bank"
+    )
+    _produce(
+        settings,
+        CONVERSATION_EVENTS,
+        [to_message(f.started(tenant, conversation, REVIEW_SUBJECT)), to_message(said)],
+    )
+    # Evidence is looked up when the memory event is sealed: the message must be stored first.
+    _wait_for(
+        settings,
+        "the customer's message stored",
+        lambda conn: _found(
+            conversation_store.messages_by_event_id(conn, tenant, [said["event_id"]])
+        ),
+    )
+    proposal = f.proposed(
+        tenant,
+        memory_id,
+        REVIEW_SUBJECT,
+        {"text": "disputes the March charge with their bank"},
+        kind="risk",
+        source=("message", f"{conversation}/msg_1"),
+        evidence=[said["event_id"]],
+    )
+    _produce(settings, MEMORY_EVENTS, [to_message(proposal)])
+    diff = _wait_for(
+        settings, "the risk memory held", lambda conn: pending_diff(conn, tenant, memory_id)
+    )
+    click.echo("held for review; the reviewer sees (memproj review show):")
+    print_diff(diff)
+    message = build_review(
+        tenant, memory_id, diff.version, "approved", "checked the message", REVIEWER,
+        datetime.now(UTC),
+    )  # fmt: skip
+    _produce(settings, MEMORY_EVENTS, [(message.key, message.value)])
+    click.echo(f"approved v{diff.version} as {REVIEWER[0]}:{REVIEWER[1]} (memory.reviewed)")
+
+    async def served(conn: Conn) -> MemoryRecord | None:
+        record = await memory_store.load_memory(conn, tenant, memory_id)
+        return record if record is not None and record.servable else None
+
+    record = _wait_for(settings, "the approved memory served", served)
+    click.echo(f"served: {memory_id} v{record.version} {record.status} {record.value}")
+    click.echo(
+        f"try: memproj recall --tenant {tenant} --subject {REVIEW_SUBJECT[0]}:{REVIEW_SUBJECT[1]}"
+    )
+
+
+async def _found(query: Awaitable[list[Any]]) -> list[Any] | None:
+    return (await query) or None

@@ -58,6 +58,19 @@ def test_promtool_accepts_the_rules_and_both_configs() -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_promtool_unit_tests_of_the_rules_pass() -> None:
+    promtool = binary("promtool")
+    unit_tests = sorted((REPO / "ops" / "prometheus" / "tests").glob("*.yml"))
+    assert unit_tests
+    result = subprocess.run(
+        [promtool, "test", "rules", *map(str, unit_tests)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url

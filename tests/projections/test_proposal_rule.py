@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from projections.access.policy import WILDCARD, PolicyRefusal, WriteBounds
-from projections.access.proposals import PROPOSE, judge_memory_write, judge_proposal, key_actor
+from projections.access.proposals import (
+    PROPOSE,
+    judge_memory_write,
+    judge_proposal,
+    judge_reviewer,
+    key_actor,
+)
 
 
 def refusal(event_tenant: str, event_actor: tuple[str, str], purposes: list[str]) -> str | None:
@@ -119,3 +125,18 @@ def test_wildcards_bound_nothing_in_their_dimension() -> None:
     assert write_refusal(any_scope, ("risk", "billing"), None) == "kind_not_writable"
     nothing = WriteBounds(frozenset(), frozenset({WILDCARD}))
     assert write_refusal(nothing, ("preference", "billing"), None) == "kind_not_writable"
+
+
+@pytest.mark.parametrize(
+    ("actor", "reviewer"),
+    [("operator:ana", ("operator", "ana")), ("user:u_1", ("user", "u_1"))],
+)
+def test_a_persons_key_reviews_as_that_person(actor: str, reviewer: tuple[str, str]) -> None:
+    assert judge_reviewer(actor) == reviewer
+
+
+@pytest.mark.parametrize("actor", ["agent:support-bot", "service:indexer", "support-bot"])
+def test_no_agent_or_service_key_reviews(actor: str) -> None:
+    with pytest.raises(PolicyRefusal) as refused:
+        judge_reviewer(actor)
+    assert refused.value.code == "review_not_allowed"

@@ -27,6 +27,38 @@ COMMANDS: dict[str, tuple[list[str], int]] = {
     "delete subject": (["delete", "subject", "--subject", "user:alice", "--tenant", "acme"], 1),
     "delete conversation": (["delete", "conversation", "--conversation", "c", "--tenant", "a"], 1),
     "delete memory": (["delete", "memory", "--memory-id", "m", "--tenant", "acme"], 1),
+    "review approve": (
+        [
+            "review",
+            "approve",
+            "--tenant",
+            "acme",
+            "m",
+            "--version",
+            "1",
+            "--reviewer-type",
+            "operator",
+            "--reviewer-id",
+            "ana",
+        ],
+        1,
+    ),
+    "review reject": (
+        [
+            "review",
+            "reject",
+            "--tenant",
+            "acme",
+            "m",
+            "--version",
+            "1",
+            "--reviewer-type",
+            "user",
+            "--reviewer-id",
+            "owner",
+        ],
+        1,
+    ),
     "top": (["top", "--once"], 1),
     "offsets show": (["offsets", "show", "memory"], 1),
     "offsets reset": (["offsets", "reset", "memory", "--to", "earliest"], 1),
@@ -34,6 +66,7 @@ COMMANDS: dict[str, tuple[list[str], int]] = {
     "demo produce": (["demo", "produce"], 1),
     "demo clean": (["demo", "clean", "--before", "demo1"], 1),
     "demo report": (["demo", "report", "--no-wait"], 1),
+    "demo review": (["demo", "review"], 1),
     "dlq list": (["dlq", "list"], 1),
     "dlq show": (["dlq", "show", "memory.events.dlq", "0", "0"], 1),
     "dlq replay": (["dlq", "replay", "--topic", "memory.events.dlq", "--dry-run"], 1),
@@ -120,7 +153,9 @@ def test_a_command_refused_by_kafka_ends_with_one_line_naming_the_cause_and_the_
     assert WRONG_PASSWORD not in line
 
 
-@pytest.mark.parametrize("command", ["topics create", "delete subject", "offsets show"])
+@pytest.mark.parametrize(
+    "command", ["topics create", "delete subject", "review approve", "offsets show"]
+)
 def test_a_command_without_acls_ends_with_one_line_naming_them(
     command: str, tmp_path: Path
 ) -> None:

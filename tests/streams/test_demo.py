@@ -1,14 +1,16 @@
-"""``memproj demo clean`` against the real broker and PostgreSQL."""
+"""``memproj demo clean`` and ``memproj demo review`` against the real broker and PostgreSQL."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from conftest import settings_environment
 
 from streams.cli import cli
 from streams.kafka import admin_config, consumer_config
@@ -61,3 +63,20 @@ def test_demo_clean_removes_only_the_runs_older_than_the_current_one(stack: Sett
         assert refused.exit_code != 0 and "not a demo run name" in refused.output
     finally:
         CliRunner().invoke(cli, ["demo", "clean", "--before", f"demo{base + 4}"])
+
+
+def test_the_review_demo_holds_shows_approves_and_serves(env: Any) -> None:
+    env.worker("conversation")
+    env.worker()
+    result = CliRunner().invoke(
+        cli, ["demo", "review", "--tenant", "acme"], env=settings_environment(env.settings)
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "policy v1 of acme" in out
+    assert "held for review by policy:risk (policy v1)" in out
+    assert "+ proposed: {'text': 'disputes the March charge with their bank'}" in out
+    assert "- served:   nothing (never served)" in out
+    assert "user: I am disputing the March charge with my bank" in out
+    assert "approved v1 as operator:demo_reviewer" in out
+    assert "v2 proposed {'text': 'disputes the March charge with their bank'}" in out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from topics.envelope import Text
 from topics.outputs import MemoryRecord
 
 
@@ -95,3 +97,67 @@ class RetentionClassReceipt(_Body):
 class RetentionReceipt(_Body):
     at: str
     classes: list[RetentionClassReceipt]
+
+
+class EvidenceMessage(_Body):
+    """A message a held write cites, as memproj stored it (redacted when applied)."""
+
+    event_id: str
+    conversation_id: str
+    message_id: str
+    role: str
+    content: list[dict[str, Any]]
+    occurred_at: datetime
+    redactions: dict[str, int]
+
+
+class ReviewDiff(_Body):
+    """What a reviewer decides on: the held version beside the version served meanwhile, the
+    evidence it cites and the rule that asked for review. Approve or reject ``version``."""
+
+    memory_id: str
+    version: int = Field(description="the held version: the one a decision names")
+    kind: str
+    scope: str
+    subject: dict[str, str]
+    proposed_value: dict[str, Any]
+    event_type: str = Field(description="the event that was held (a proposal or a correction)")
+    proposed_by: dict[str, str]
+    proposed_at: datetime
+    source: dict[str, str]
+    expires_at: datetime | None
+    verification: str | None
+    served: MemoryRecord | None = Field(
+        description="the version served meanwhile (a held correction's predecessor), or null"
+    )
+    review_rule: str | None = Field(
+        description="the rule that asked for review: policy:<kind>[/<scope>], policy:default, "
+        "instruction:<rule> or grant"
+    )
+    policy_version: int = Field(description="the admission policy version it was decided under")
+    evidence_event_ids: list[str]
+    evidence: list[EvidenceMessage] = Field(
+        description="the cited messages memproj holds; a cited id missing here is a memory "
+        "event, or no longer available"
+    )
+
+
+class ReviewList(_Body):
+    reviews: list[ReviewDiff] = Field(description="held versions, oldest first")
+
+
+class ReviewDecisionBody(_Body):
+    version: int = Field(ge=1, description="the held version the reviewer saw")
+    decision: Literal["approved", "rejected"]
+    note: Text | None = None
+
+
+class ReviewAccepted(_Body):
+    event_id: str
+    memory_id: str
+    version: int
+    decision: str
+    produced_at: datetime = Field(
+        description="memory.reviewed was produced to memory.events: the memory worker applies "
+        "it (a stale or refused review reaches memory.rejections)"
+    )

@@ -95,3 +95,68 @@ def test_a_held_memory_is_served_by_no_route_until_approved(
 async def _add(conn: Any, tenant: str, document: Any) -> None:
     async with conn.transaction():
         await admission_store.add_version(conn, tenant, document, "test")
+
+
+def test_a_person_reviews_through_the_api_and_an_agent_may_not(
+    api: ApiServer, events: EventFactory
+) -> None:
+    tenant = api.tenant()
+    api.set_purpose(tenant, "support")
+    api.set_purpose(tenant, "review", kinds=["risk"])
+    reviewer = api.create_key(tenant, ["review"], actor="operator:ops_1")
+    agent = api.create_key(tenant, ["review"], actor="agent:support_bot")
+    reader = api.create_key(tenant, ["support"], actor="operator:ops_2")
+    document = parse_document(
+        {"rules": [{"kind": "risk", "decision": "review"}, {"kind": "note", "decision": "review"}]}
+    )
+    api.env.run(lambda conn: _add(conn, tenant, document))
+    api.produce_memories(
+        [
+            events.proposed(
+                tenant, "mem_risk", ALICE, {"text": "disputed an invoice"}, kind="risk"
+            ),
+            events.proposed(tenant, "mem_gone", ALICE, {"text": "chargeback"}, kind="risk"),
+            events.proposed(tenant, "mem_note", ALICE, {"text": "called twice"}, kind="note"),
+        ]
+    )
+    listed = get(api, reviewer.token, "/v1/reviews")
+    assert listed.status_code == 200, listed.text
+    # The purpose's policy bounds what the key reviews: risk, not note.
+    assert [d["memory_id"] for d in listed.json()["reviews"]] == ["mem_risk", "mem_gone"]
+    diff = get(api, reviewer.token, "/v1/reviews/mem_risk").json()
+    assert (diff["version"], diff["review_rule"], diff["policy_version"]) == (1, "policy:risk", 1)
+    assert diff["proposed_value"] == {"text": "disputed an invoice"} and diff["served"] is None
+    assert get(api, reviewer.token, "/v1/reviews/mem_note").status_code == 404
+    for path in ("/v1/reviews", "/v1/reviews/mem_risk"):
+        refused = get(api, agent.token, path)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "review_not_allowed")
+        refused = get(api, reader.token, path)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (
+            403,
+            "purpose_not_granted",
+        )
+
+    def post(token: str, memory_id: str, **body: Any) -> httpx.Response:
+        with api.client(token) as client:
+            return client.post(f"/v1/reviews/{memory_id}", json=body)
+
+    refused = post(agent.token, "mem_risk", version=1, decision="approved")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "review_not_allowed")
+    approved = post(reviewer.token, "mem_risk", version=1, decision="approved", note="checked")
+    assert approved.status_code == 202, approved.text
+    assert approved.json()["decision"] == "approved"
+    rejected = post(reviewer.token, "mem_gone", version=1, decision="rejected")
+    assert rejected.status_code == 202, rejected.text
+    assert post(reviewer.token, "mem_note", version=1, decision="approved").status_code == 404
+    assert post(reviewer.token, "mem_risk", version=1, decision="maybe").status_code == 422
+    recall_path = f"/v1/subjects/{ALICE[0]}/{ALICE[1]}/memories"
+    api.wait_for(
+        lambda: ids(get(api, reader.token, recall_path, purpose="support")) == ["mem_risk"],
+        "the approved memory served, the rejected one not",
+    )
+    assert [d["memory_id"] for d in get(api, reviewer.token, "/v1/reviews").json()["reviews"]] == []
+    history = get(api, reader.token, "/v1/memories/mem_risk", purpose="support").json()["history"]
+    assert [(h["status"], h["actor"]) for h in history] == [
+        ("pending_review", {"type": "agent", "id": "support_agent"}),
+        ("proposed", {"type": "operator", "id": "ops_1"}),
+    ]
