@@ -240,6 +240,9 @@ def decision_counts(versions: Mapping[bool, int], refused: Mapping[str, int]) ->
         "refused_by_policy_by_reason": by_policy,
         "refused_while_held": held,
         "other_refusals": sum(refused.values()) - sum(by_policy.values()) - held,
+        "other_refusals_by_reason": {
+            r: n for r, n in sorted(refused.items()) if r not in POLICY_REASONS and r != HELD_REASON
+        },
     }
 
 
