@@ -356,7 +356,7 @@ def table(result: Mapping[str, Any]) -> list[str]:
         ("held_for_review", "versions held for review, per round"),
         ("refused_by_policy", "events refused by the policy, per round"),
         ("refused_while_held", "verifications refused while held, per round"),
-        ("other_refusals", "other refusals (the stream's own), per round"),
+        ("other_refusals", "other refusals (conflicts, unknown memories, ...), per round"),
     ):
         rows.append(
             [name] + [fmt(sides[s]["decisions_per_round"].get(key, 0.0)) for s in labels] + [""]
