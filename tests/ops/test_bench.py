@@ -29,6 +29,7 @@ import cpu_time
 import environment
 import erasure_load
 import freshness
+import governed_writes
 import http_api
 import phases
 import pipeline
@@ -212,3 +213,63 @@ def test_the_store_memory_scenarios_run_on_a_small_store(
             assert result["ghosts"] > 0
         elif kind == "deletion":
             assert result["probes"] > 0 and result["reachable"] == 0
+
+
+def test_governed_writes_proposals_cite_their_tenants_evidence_and_one_kind_in_ten() -> None:
+    conversations = governed_writes.conversation_stream(per_tenant=5)
+    assert conversations.message_count == 2 * governed_writes.TENANTS * 5
+    stream = [(m.key, m.value) for m in sample_memory_stream(600, governed_writes.TENANTS, 3)]
+    rewritten = governed_writes.citing_evidence(stream, conversations.evidence)
+    assert len(rewritten) == len(stream)
+    kinds: list[str] = []
+    missing = 0
+    for (key, before), (same_key, after) in zip(stream, rewritten, strict=True):
+        assert key == same_key
+        try:
+            event = orjson.loads(after or b"")
+        except orjson.JSONDecodeError:
+            assert before == after
+            continue
+        if event["event_type"] != "memory.proposed" or "memory_id" not in event["payload"]:
+            assert before == after
+            continue
+        kinds.append(event["payload"]["kind"])
+        (cited,) = event["payload"]["evidence_event_ids"]
+        if cited.startswith("never-sent-"):
+            missing += 1
+        else:
+            assert cited in conversations.evidence[event["tenant_id"]]
+    reviewed = kinds.count(governed_writes.REVIEWED_KIND) / len(kinds)
+    assert set(kinds) == set(governed_writes.KINDS)
+    assert 0.05 < reviewed < 0.15
+    assert 0 < missing < len(kinds) / 20
+    # A redelivered duplicate is rewritten as its original was: still a duplicate.
+    assert governed_writes.citing_evidence(stream, conversations.evidence) == rewritten
+    policy = governed_writes.governing_policy().policy("tenant_0", 1)
+    assert all(rule.evidence_required for rule in policy.rules)
+    assert [r.kind for r in policy.rules if r.decision == "review"] == ["kind_0"]
+
+
+def test_governed_writes_summary_compares_the_sides_means() -> None:
+    def round_of(side: str, rate: float, worker: float, held: int) -> dict[str, Any]:
+        decisions = governed_writes.decision_counts(
+            {False: 90, True: held}, {"evidence_unavailable": held // 10, "version_conflict": 4}
+        )
+        cpu = {governed_writes.WORKER: worker, cpu_time.POSTGRES_BACKENDS: 100.0}
+        return {"side": side, "events_per_s": rate, "cpu_us_per_event": cpu, "decisions": decisions}
+
+    a, b = governed_writes.NO_POLICY, governed_writes.GOVERNED
+    rounds = [round_of(a, 1000, 300, 0), round_of(b, 800, 360, 10), round_of(a, 1200, 300, 0)]
+    rounds.append(round_of(b, 1000, 380, 10))
+    result = governed_writes.summary(rounds, 2000)
+    assert result["sides"][a]["events_per_s"] == 1100
+    assert result["sides"][b]["events_per_s"] == 900
+    assert result["b_over_a"]["events_per_s"] == round(900 / 1100, 3)
+    assert result["b_over_a"]["cpu_worker"] == 1.233
+    assert result["b_over_a"]["cpu_postgres_backends"] == 1.0
+    assert result["sides"][b]["decisions_per_round"]["held_for_review"] == 10
+    assert result["sides"][b]["decisions_per_round"]["refused_by_policy"] == 1
+    assert result["sides"][a]["decisions_per_round"]["other_refusals"] == 4
+    lines = governed_writes.table(result)
+    assert lines[0] == f"|  | {a} | {b} | b/a |"
+    assert "| 1,100 (1,000, 1,200) | 900 (800, 1,000) | 0.82 |" in lines[2]

@@ -1,0 +1,433 @@
+"""What governed writes cost: the memory stage's live apply rate and CPU per event with an
+admission policy, side by side with no policy, in one run.
+
+    .venv/bin/python ops/bench/governed_writes.py [--memories 3000] [--pairs 2]
+
+The stream is the sample memory stream (streams/sample.py) of two tenants, its proposals
+rewritten to cite evidence: each cites a user message of its tenant's conversations, which
+the conversation worker applies first (untimed), as producers are asked to send evidence
+before the memory citing it; one memory in fifty cites a message that was never sent. Each
+proposal's kind is one of ten, by its memory id, so that one kind in ten is a tenth of the
+proposals.
+
+Rounds alternate, (a) no policy then (b) a policy, ``--pairs`` times: on a shared machine the
+load drifts over a run, and alternating spreads the drift over both sides. In (b) both tenants
+have a policy (stored before the worker starts) where one kind in ten is ``review`` and the
+others ``admit``, every rule requiring evidence: the sealing stage stamps each memory event
+with the policy version and the evidence it finds (two indexed look-ups per tenant and batch),
+and the reducer decides. Each round is an environment of its own (environment.py: topics,
+schema, groups) and times ``memproj worker memory`` from the first produced event to the last
+committed row (pipeline.projection_apply), with the CPU per event of the worker, this run's
+PostgreSQL backends, PostgreSQL's shared processes and the broker (cpu_time.py).
+
+Reported: events/s and CPU µs per event of each side (the mean of its rounds), the ratios
+b/a, and the decisions of each round read from its schema: versions admitted and held for
+review, events refused by the policy (by reason), verifications refused because their version
+is held, and the other refusals (version conflicts,
+unknown memories, ...: the same in both sides), so that the reader sees the policy worked.
+Needs ``ops/stack up`` and its environment (``eval "$(ops/stack env)"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Producer
+
+# ops/bench/*.py, beside this script
+from cpu_time import POSTGRES_BACKENDS, StackProcesses, total
+from environment import Environment, application_prefix, drop, isolated, prepare
+from phases import Phases
+from pipeline import Workers, projection_apply
+
+from projections.admission import store as admission_store
+from projections.admission.policy import PolicyDocument, RuleDocument
+from streams.kafka import producer_config
+from streams.sample import EventFactory, sample_memory_stream, to_message
+from streams.settings import DevelopmentKeyRefused, Settings
+from topics.outputs import RejectionReason
+from topics.registry import CONVERSATION_EVENTS
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "ops" / "bench" / "results"
+
+Message = tuple[bytes | None, bytes | None]
+TENANTS = 2
+# Ten kinds, one of them reviewed: a proposal's kind is chosen by its memory id.
+KINDS = tuple(f"kind_{n}" for n in range(10))
+REVIEWED_KIND = KINDS[0]
+# One memory in this many cites a message that was never sent: refused under the policy.
+MISSING_EVIDENCE_EVERY = 50
+CONVERSATIONS_PER_TENANT = 40
+NO_POLICY = "a: no policy"
+GOVERNED = "b: policy"
+WORKER = "memory worker(s)"  # pipeline.Workers.pids names the memory workers so
+# A verification of a version held for review is refused: the policy's doing, indirectly.
+HELD_REASON = RejectionReason.PENDING_REVIEW.value
+# The refusals a policy makes (projections/admission/decide.py); any other reason is the
+# stream's own (version conflicts, unknown memories, ...) and happens without a policy too.
+POLICY_REASONS = frozenset(
+    {
+        RejectionReason.KIND_NOT_ADMITTED.value,
+        RejectionReason.EVIDENCE_UNAVAILABLE.value,
+        RejectionReason.DERIVED_EVIDENCE.value,
+        RejectionReason.INVALID_GRANT.value,
+    }
+)
+
+
+def tenants() -> list[str]:
+    return [f"tenant_{n}" for n in range(TENANTS)]  # as sample_memory_stream names them
+
+
+def _bucket(memory_id: str, salt: str, buckets: int) -> int:
+    return zlib.crc32(f"{salt}/{memory_id}".encode()) % buckets
+
+
+@dataclass(frozen=True, slots=True)
+class Conversations:
+    messages: list[Message]
+    # Per tenant, the event ids of its user messages: primary evidence once applied.
+    evidence: dict[str, list[str]]
+    message_count: int
+
+
+def conversation_stream(per_tenant: int = CONVERSATIONS_PER_TENANT) -> Conversations:
+    """Per tenant, ``per_tenant`` conversations of a user message and an answer."""
+    factory = EventFactory(id_prefix="gwconv")
+    messages: list[Message] = []
+    evidence: dict[str, list[str]] = {tenant: [] for tenant in tenants()}
+    count = 0
+    for tenant in tenants():
+        for number in range(per_tenant):
+            conversation = f"conv_{number}"
+            messages.append(to_message(factory.started(tenant, conversation)))
+            asked = factory.message(tenant, conversation, "msg_1", "user", f"I prefer {number}")
+            messages.append(to_message(asked))
+            evidence[tenant].append(asked["event_id"])
+            answer = factory.message(tenant, conversation, "msg_2", "assistant", "noted")
+            messages.append(to_message(answer))
+            count += 2
+    return Conversations(messages, evidence, count)
+
+
+def citing_evidence(
+    messages: Iterable[Message], evidence: Mapping[str, Sequence[str]]
+) -> list[Message]:
+    """The memory stream with each proposal of a known tenant given one of ten kinds and one
+    evidence event id of its tenant (one memory in ``MISSING_EVIDENCE_EVERY`` cites an id
+    that was never sent), both chosen by its memory id: a redelivered duplicate is rewritten
+    as its original was, so it stays a duplicate. Anything else passes unchanged."""
+    rewritten: list[Message] = []
+    for key, value in messages:
+        try:
+            event = orjson.loads(value or b"")
+        except orjson.JSONDecodeError:
+            rewritten.append((key, value))
+            continue
+        payload = event.get("payload") if isinstance(event, dict) else None
+        cited = evidence.get(event.get("tenant_id", "")) if isinstance(event, dict) else None
+        if (
+            not isinstance(payload, dict)
+            or event.get("event_type") != "memory.proposed"
+            or not cited
+            or not isinstance(payload.get("memory_id"), str)
+        ):
+            rewritten.append((key, value))
+            continue
+        memory_id = payload["memory_id"]
+        payload["kind"] = KINDS[_bucket(memory_id, "kind", len(KINDS))]
+        if _bucket(memory_id, "missing", MISSING_EVIDENCE_EVERY) == 0:
+            payload["evidence_event_ids"] = [f"never-sent-{memory_id}"]
+        else:
+            payload["evidence_event_ids"] = [cited[_bucket(memory_id, "cites", len(cited))]]
+        rewritten.append((key, orjson.dumps(event)))
+    return rewritten
+
+
+def governing_policy() -> PolicyDocument:
+    """One kind in ten reviewed, the others admitted; every rule requires evidence."""
+    return PolicyDocument(
+        rules=tuple(
+            RuleDocument(
+                kind=kind,
+                decision="review" if kind == REVIEWED_KIND else "admit",
+                evidence_required=True,
+            )
+            for kind in KINDS
+        )
+    ).check()
+
+
+def produce_conversations(settings: Settings, messages: Sequence[Message]) -> None:
+    producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 20}))
+    topic = settings.topics.name(CONVERSATION_EVENTS)
+    for key, value in messages:
+        producer.produce(topic, value, key)
+    if producer.flush(60):
+        raise RuntimeError("the conversation messages were not delivered")
+
+
+def apply_conversations(
+    environment: Environment, conversations: Conversations, log_path: Path
+) -> None:
+    """The conversation worker applies the evidence, untimed; it stops before the clock
+    starts, so that it spends nothing during the timed apply."""
+    settings = environment.settings
+    with Workers(settings, log_path, ["conversation"]) as workers:
+        produce_conversations(settings, conversations.messages)
+        deadline = time.monotonic() + 180
+        with psycopg.connect(settings.postgres_conninfo, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT count(*) FROM conversation_messages").fetchone()
+                if row is not None and int(row[0]) >= conversations.message_count:
+                    return
+                if workers.processes[0].poll() is not None:
+                    raise RuntimeError(f"the conversation worker exited: see {log_path}.*")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the conversation messages were not applied in 180 s")
+                time.sleep(0.2)
+
+
+def set_policies(settings: Settings, document: PolicyDocument) -> None:
+    async def run() -> None:
+        connecting = psycopg.AsyncConnection.connect(settings.postgres_conninfo)
+        async with await connecting as conn, conn.transaction():
+            for tenant in tenants():
+                await admission_store.add_version(conn, tenant, document, "bench")
+
+    asyncio.run(run())
+
+
+def decisions(settings: Settings) -> dict[str, Any]:
+    """What the round's writes became: proposal and correction versions admitted or held for
+    review, events refused by the policy (by reason), and the other refusals."""
+    with psycopg.connect(settings.postgres_conninfo) as conn:
+        versions = conn.execute(
+            "SELECT status = 'pending_review', count(*) FROM memory_versions"
+            " WHERE event_type IN ('memory.proposed', 'memory.corrected') GROUP BY 1"
+        ).fetchall()
+        refused = conn.execute("SELECT reason, count(*) FROM rejections GROUP BY 1").fetchall()
+    return decision_counts(
+        {bool(held): int(str(count)) for held, count in versions},
+        {str(reason): int(str(count)) for reason, count in refused},
+    )
+
+
+def decision_counts(versions: Mapping[bool, int], refused: Mapping[str, int]) -> dict[str, Any]:
+    """``versions``: held for review -> versions; ``refused``: reason -> events."""
+    by_policy = {r: n for r, n in sorted(refused.items()) if r in POLICY_REASONS}
+    held = refused.get(HELD_REASON, 0)
+    return {
+        "admitted": versions.get(False, 0),
+        "held_for_review": versions.get(True, 0),
+        "refused_by_policy": sum(by_policy.values()),
+        "refused_by_policy_by_reason": by_policy,
+        "refused_while_held": held,
+        "other_refusals": sum(refused.values()) - sum(by_policy.values()) - held,
+        "other_refusals_by_reason": {
+            r: n for r, n in sorted(refused.items()) if r not in POLICY_REASONS and r != HELD_REASON
+        },
+    }
+
+
+def measure_round(
+    base: Settings,
+    environment: Environment,
+    label: str,
+    conversations: Conversations,
+    messages: list[Message],
+    stack: StackProcesses,
+    log_path: Path,
+) -> dict[str, Any]:
+    prepare(base, environment)
+    apply_conversations(environment, conversations, log_path.with_suffix(".conversation"))
+    if label == GOVERNED:
+        set_policies(environment.settings, governing_policy())
+    seconds, meter = projection_apply(environment.settings, messages, log_path, 1, stack)
+    applied = len(messages) - 1  # the warm-up event is applied untimed
+    return {
+        "side": label,
+        "seconds": round(seconds, 3),
+        "events_per_s": round(applied / seconds, 1),
+        "cpu_us_per_event": meter.per_event(applied),
+        "decisions": decisions(environment.settings),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def summary(rounds: Sequence[Mapping[str, Any]], events: int) -> dict[str, Any]:
+    """Each side's mean rate and CPU per event over its rounds, and the ratios b/a where both
+    sides were measured."""
+    result: dict[str, Any] = {"events": events, "cpus": os.cpu_count(), "rounds": list(rounds)}
+    sides: dict[str, dict[str, Any]] = {}
+    for label in (NO_POLICY, GOVERNED):
+        mine = [r for r in rounds if r["side"] == label]
+        if not mine:
+            continue
+        cpu = [r["cpu_us_per_event"] for r in mine]
+        names = sorted({name for spent in cpu for name in spent})
+        mean_cpu = {n: round(_mean([spent.get(n, 0.0) for spent in cpu]), 1) for n in names}
+        decided: Counter[str] = Counter()
+        for r in mine:
+            decided.update({k: v for k, v in r["decisions"].items() if isinstance(v, int)})
+        sides[label] = {
+            "rounds": len(mine),
+            "events_per_s": round(_mean([r["events_per_s"] for r in mine]), 1),
+            "events_per_s_each": [r["events_per_s"] for r in mine],
+            "cpu_us_per_event": mean_cpu,
+            "cpu_total_us_per_event": total(mean_cpu),
+            "decisions_per_round": {k: round(v / len(mine), 1) for k, v in decided.items()},
+        }
+    result["sides"] = sides
+    if NO_POLICY in sides and GOVERNED in sides:
+        a, b = sides[NO_POLICY], sides[GOVERNED]
+
+        def ratio(of: float, to: float) -> float | None:
+            return round(of / to, 3) if to else None
+
+        result["b_over_a"] = {
+            "events_per_s": ratio(b["events_per_s"], a["events_per_s"]),
+            "cpu_worker": ratio(
+                b["cpu_us_per_event"].get(WORKER, 0.0), a["cpu_us_per_event"].get(WORKER, 0.0)
+            ),
+            "cpu_postgres_backends": ratio(
+                b["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
+                a["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
+            ),
+            "cpu_total": ratio(b["cpu_total_us_per_event"], a["cpu_total_us_per_event"]),
+        }
+    return result
+
+
+def table(result: Mapping[str, Any]) -> list[str]:
+    """The run as a Markdown table: one column per side, and b/a."""
+    sides = result["sides"]
+    labels = [label for label in (NO_POLICY, GOVERNED) if label in sides]
+    ratios = result.get("b_over_a", {})
+    header = ["", *labels, "b/a"]
+
+    def cpu(side: Mapping[str, Any], name: str) -> float:
+        return float(side["cpu_us_per_event"].get(name, 0.0))
+
+    def fmt(value: float | None, spec: str = ",.0f") -> str:
+        return "—" if value is None else format(value, spec)
+
+    def each(values: Sequence[float]) -> str:
+        return ", ".join(fmt(value) for value in values)
+
+    rows: list[list[str]] = [
+        ["events/s (mean of rounds)"]
+        + [
+            f"{fmt(sides[s]['events_per_s'])} ({each(sides[s]['events_per_s_each'])})"
+            for s in labels
+        ]
+        + [fmt(ratios.get("events_per_s"), ".2f")],
+        ["CPU µs/event, memory worker"]
+        + [fmt(cpu(sides[s], WORKER)) for s in labels]
+        + [fmt(ratios.get("cpu_worker"), ".2f")],
+        ["CPU µs/event, PostgreSQL backends"]
+        + [fmt(cpu(sides[s], POSTGRES_BACKENDS)) for s in labels]
+        + [fmt(ratios.get("cpu_postgres_backends"), ".2f")],
+        ["CPU µs/event, all counted processes"]
+        + [fmt(sides[s]["cpu_total_us_per_event"]) for s in labels]
+        + [fmt(ratios.get("cpu_total"), ".2f")],
+    ]
+    for key, name in (
+        ("admitted", "versions admitted, per round"),
+        ("held_for_review", "versions held for review, per round"),
+        ("refused_by_policy", "events refused by the policy, per round"),
+        ("refused_while_held", "verifications refused while held, per round"),
+        ("other_refusals", "other refusals (conflicts, unknown memories, ...), per round"),
+    ):
+        rows.append(
+            [name] + [fmt(sides[s]["decisions_per_round"].get(key, 0.0)) for s in labels] + [""]
+        )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memories", type=int, default=3000, help="memories per round")
+    parser.add_argument("--pairs", type=int, default=2, help="rounds of each side, alternating")
+    args = parser.parse_args()
+
+    base = Settings()
+    try:
+        base.worker_master_keys()
+    except DevelopmentKeyRefused as refused:
+        sys.exit(f'{refused}; the local stack\'s environment: eval "$(ops/stack env)"')
+    run = uuid.uuid4().hex[:8]
+    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
+    if stack.missing:
+        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
+    conversations = conversation_stream()
+    stream = sample_memory_stream(args.memories, TENANTS, seed=3)
+    messages = citing_evidence(((m.key, m.value) for m in stream), conversations.evidence)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    phases = Phases()
+    rounds: list[dict[str, Any]] = []
+    order = [NO_POLICY, GOVERNED] * args.pairs
+    for number, label in enumerate(order, 1):
+        part = f"{'b' if label == GOVERNED else 'a'}{number}"
+        environment = isolated(base, run, part)
+        log_path = RESULTS / f"worker-{run}-governed-{part}"
+        try:
+            found = phases.run(
+                f"round {number} ({label})",
+                partial(
+                    measure_round,
+                    base,
+                    environment,
+                    label,
+                    conversations,
+                    messages,
+                    stack,
+                    log_path,
+                ),
+            )
+        finally:
+            drop(base, [environment], [])
+        if found is not None:
+            rounds.append(found)
+            print(
+                f"round {number} ({label}): {found['events_per_s']:,.0f} events/s,"
+                f" decisions {found['decisions']}",
+                flush=True,
+            )
+    result = summary(rounds, len(messages))
+    result["memories_per_round"] = args.memories
+    result["failed_rounds"] = dict(phases.failed)
+    path = RESULTS / f"governed-writes-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"{len(messages)} events of two tenants per round, rounds {', '.join(order)}:")
+    print("\n".join(table(result)))
+    for name, error in phases.failed.items():
+        print(f"  FAILED {name}: {error}")
+    print(f"  saved: {path}")
+    if phases.failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
