@@ -19,6 +19,7 @@ class Kind(StrEnum):
     ID_OPT = "id_opt"  # an Identifier or null
     REF = "ref"  # 1 to 512 characters
     TEXT = "text"  # 1 to 4096 characters
+    TEXT_OPT = "text_opt"  # 1 to 4096 characters, or null
     STR = "str"  # any string
     STR1 = "str1"  # a non-empty string
     STR512_OPT = "str512_opt"  # at most 512 characters, or null
@@ -41,7 +42,9 @@ class Kind(StrEnum):
     TOOL_CONTENT = "tool_content"  # a string or a list of objects
 
 
-OPTIONAL = {Kind.ID_OPT, Kind.STR512_OPT, Kind.INT1_OPT, Kind.TS_OPT, Kind.IDS, Kind.BOOL}
+OPTIONAL = {
+    Kind.ID_OPT, Kind.TEXT_OPT, Kind.STR512_OPT, Kind.INT1_OPT, Kind.TS_OPT, Kind.IDS, Kind.BOOL
+}  # fmt: skip
 
 ENVELOPE: dict[Path, Kind] = {
     ("event_id",): Kind.ID,
@@ -92,6 +95,12 @@ PAYLOADS: dict[str, dict[Path, Kind]] = {
         ("payload", "memory_id"): Kind.ID,
         ("payload", "expected_version"): Kind.INT1_OPT,
         ("payload", "reason"): Kind.TEXT,
+    },
+    "memory.reviewed": {
+        ("payload", "memory_id"): Kind.ID,
+        ("payload", "reviewed_version"): Kind.INT1,
+        ("payload", "decision"): Kind.ENUM,
+        ("payload", "note"): Kind.TEXT_OPT,
     },
     "conversation.started": {
         ("payload", "conversation_id"): Kind.ID,

@@ -73,6 +73,8 @@ def wrong_values(kind: Kind) -> st.SearchStrategy[Any]:
             return st.one_of(_not_str, null, st.just(""), _long(513))
         case Kind.TEXT:
             return st.one_of(_not_str, null, st.just(""), _long(4097))
+        case Kind.TEXT_OPT:
+            return st.one_of(_not_str, st.just(""), _long(4097))
         case Kind.STR:
             return st.one_of(_not_str, null)
         case Kind.STR1:
