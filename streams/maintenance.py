@@ -143,7 +143,7 @@ class LedgerMaintenance(Service):
                 await self._publisher.publish([message for _, message in pending])
                 await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
             done = 0
-            for tenant_id, deletion_id in await queries.unverified(conn):
+            for tenant_id, deletion_id in await lifecycle.unverified(conn):
                 result = await verify(conn, self._stores, tenant_id, deletion_id)
                 await lifecycle.save_verification(
                     conn, tenant_id, deletion_id, result, self._clock()
@@ -241,9 +241,9 @@ class LedgerMaintenance(Service):
 
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:
-            pending = await queries.pending_by_store(conn, self._clock())
+            pending = await lifecycle.pending_by_store(conn, self._clock())
             blocked = await queries.blocked_reads(conn)
-            unpurged = await queries.unpurged_by_place(conn, self._clock())
+            unpurged = await lifecycle.unpurged_by_place(conn, self._clock())
             flagged = await evidence_flags.flagged_memories(conn)
             reviews = await memory_store.review_queue(conn, self._clock())
         self._metrics.memories_evidence_erased.set(flagged)
