@@ -19,7 +19,7 @@ from projections.access import audit as read_audit
 from projections.admission import flags as evidence_flags
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
-from projections.deletion import lifecycle, queries
+from projections.deletion import lifecycle, probes, queries
 from projections.deletion.verify import verify
 from projections.memory import store as memory_store
 from projections.stores import DerivedStore
@@ -174,7 +174,7 @@ class LedgerMaintenance(Service):
         """Probes are kept until their deletion is verified or its deadline passes, whichever
         comes first (verification deletes its own)."""
         async with self._pool.connection() as conn, conn.transaction():
-            dropped = await lifecycle.drop_expired_probes(conn, self._clock())
+            dropped = await probes.drop_expired_probes(conn, self._clock())
         if dropped:
             log.warning("dropped %d deletion probes at their deadline, unverified", dropped)
         return dropped

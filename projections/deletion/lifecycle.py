@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from projections.bookkeeping import Conn, keyset, keyset_param
+from projections.deletion import probes
 from projections.deletion.ledger import RequestKey, RequestState
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
@@ -147,22 +148,7 @@ async def save_verification(
         " WHERE tenant_id = %s AND deletion_id = %s",
         (Jsonb(dict(result)), now, tenant_id, deletion_id),
     )
-    await conn.execute(
-        "DELETE FROM deletion_probes WHERE tenant_id = %s AND deletion_id = %s",
-        (tenant_id, deletion_id),
-    )
-
-
-async def drop_expired_probes(conn: Conn, now: datetime) -> int:
-    """Delete the probes of every deletion whose deadline has passed, verified or not: a store
-    that never acknowledges must not keep vectors of the erased text alive."""
-    cursor = await conn.execute(
-        "DELETE FROM deletion_probes p USING deletion_requests r"
-        " WHERE r.tenant_id = p.tenant_id AND r.deletion_id = p.deletion_id"
-        " AND r.deadline_at <= %s",
-        (now,),
-    )
-    return cursor.rowcount
+    await probes.drop_probes(conn, tenant_id, deletion_id)
 
 
 # -- purge: the second milestone (projections.deletion.purge) ----------------------------------
