@@ -381,3 +381,13 @@ async def unpurged_by_place(conn: Conn, now: datetime) -> dict[str, Unpurged]:
         row[0]: Unpurged(int(row[1]), max(0.0, (now - row[2]).total_seconds()))
         for row in await cursor.fetchall()
     }
+
+
+async def revoked_memories(conn: Conn) -> list[tuple[Any, ...]]:
+    """Every revoked memory, as an erasure row (``coverage.erasure_row``): a revocation erases
+    one memory and records no erasure index row."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, 'memory', '', target_id, deletion_id, cut_off"
+        " FROM deletion_requests WHERE kind = 'revocation'"
+    )
+    return list(await cursor.fetchall())
