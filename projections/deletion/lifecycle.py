@@ -13,9 +13,9 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from projections.bookkeeping import Conn, keyset, keyset_param
+from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
 from projections.deletion import probes
-from projections.deletion.ledger import RequestKey, RequestState
+from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 
@@ -391,3 +391,48 @@ async def revoked_memories(conn: Conn) -> list[tuple[Any, ...]]:
         " FROM deletion_requests WHERE kind = 'revocation'"
     )
     return list(await cursor.fetchall())
+
+
+# -- recording: the requests a ledger batch decided (projections.deletion.store) -------------
+
+REQUEST_COLUMNS = (
+    "tenant_id", "deletion_id", "kind", "target_type", "target_id", "subject_type", "reason",
+    "cut_off", "deadline_at", "required_stores", "status", "request_event_id", "tombstone",
+)  # fmt: skip
+
+
+def _request_row(e: LedgerEntry) -> tuple[Any, ...]:
+    return (
+        e.tenant_id, e.deletion_id, e.kind, e.target.type, e.target.id, e.target.subject_type,
+        e.reason, e.cut_off, e.deadline_at, list(e.required_stores), "pending",
+        e.request_event_id, e.tombstone().model_dump_json(),
+    )  # fmt: skip
+
+
+async def record_requests(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
+    """The requests and their items, pending; a request already recorded is left as it is."""
+    await copy_new_rows(conn, "deletion_requests", REQUEST_COLUMNS, map(_request_row, entries))
+    await copy_new_rows(
+        conn,
+        "deletion_items",
+        ("tenant_id", "deletion_id", "item_type", "item_id", "conversation_id"),
+        (
+            (e.tenant_id, e.deletion_id, item.type, item.id, item.conversation_id or "")
+            for e in entries
+            for item in e.resolved.items()
+        ),
+    )
+
+
+async def record_pending_acks(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
+    """One pending acknowledgement per required store of each request."""
+    await copy_new_rows(
+        conn,
+        "deletion_store_acks",
+        ("tenant_id", "deletion_id", "store", "status", "deadline_at"),
+        (
+            (e.tenant_id, e.deletion_id, store, "pending", e.deadline_at)
+            for e in entries
+            for store in e.required_stores
+        ),
+    )
