@@ -552,3 +552,14 @@ class HandoverTracking(PostgresTracking):
         self, conn: Conn, projection: str, positions: Iterable[Position]
     ) -> dict[Position, int]:
         return await lock_offsets(conn, projection, positions, inherit_from=self.predecessor)
+
+
+async def legal_hold_refusal(conn: Conn, tenant_id: str, deletion_id: str) -> str | None:
+    """Why the ledger refused request ``deletion_id`` under a legal hold (None: it did not)."""
+    cursor = await conn.execute(
+        "SELECT details FROM rejections WHERE projection = 'deletion' AND tenant_id = %s"
+        " AND entity_id = %s AND reason = 'legal_hold' ORDER BY id DESC LIMIT 1",
+        (tenant_id, deletion_id),
+    )
+    row = await cursor.fetchone()
+    return None if row is None else str(row[0])

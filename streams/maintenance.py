@@ -19,7 +19,7 @@ from projections.access import audit as read_audit
 from projections.admission import flags as evidence_flags
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.keys import destroy_expired
-from projections.deletion import lifecycle, queries
+from projections.deletion import lifecycle, probes, queries
 from projections.deletion.verify import verify
 from projections.memory import store as memory_store
 from projections.stores import DerivedStore
@@ -143,7 +143,7 @@ class LedgerMaintenance(Service):
                 await self._publisher.publish([message for _, message in pending])
                 await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
             done = 0
-            for tenant_id, deletion_id in await queries.unverified(conn):
+            for tenant_id, deletion_id in await lifecycle.unverified(conn):
                 result = await verify(conn, self._stores, tenant_id, deletion_id)
                 await lifecycle.save_verification(
                     conn, tenant_id, deletion_id, result, self._clock()
@@ -174,7 +174,7 @@ class LedgerMaintenance(Service):
         """Probes are kept until their deletion is verified or its deadline passes, whichever
         comes first (verification deletes its own)."""
         async with self._pool.connection() as conn, conn.transaction():
-            dropped = await lifecycle.drop_expired_probes(conn, self._clock())
+            dropped = await probes.drop_expired_probes(conn, self._clock())
         if dropped:
             log.warning("dropped %d deletion probes at their deadline, unverified", dropped)
         return dropped
@@ -241,9 +241,9 @@ class LedgerMaintenance(Service):
 
     async def refresh_metrics(self) -> None:
         async with self._pool.connection() as conn:
-            pending = await queries.pending_by_store(conn, self._clock())
+            pending = await lifecycle.pending_by_store(conn, self._clock())
             blocked = await queries.blocked_reads(conn)
-            unpurged = await queries.unpurged_by_place(conn, self._clock())
+            unpurged = await lifecycle.unpurged_by_place(conn, self._clock())
             flagged = await evidence_flags.flagged_memories(conn)
             reviews = await memory_store.review_queue(conn, self._clock())
         self._metrics.memories_evidence_erased.set(flagged)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from projections.deletion.queries import PendingDeletions, Unpurged
+from projections.deletion.lifecycle import PendingDeletions, Unpurged
 from streams.lag import PartitionLag
 
 

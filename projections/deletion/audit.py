@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from projections import rebuilds
 from projections.bookkeeping import Conn
+from projections.deletion import guard, lifecycle
 from projections.deletion.erasure import ErasureIndex, ErasureRow, erasure_row, latest_erasures
 from projections.stores import STORES, DerivedStore, StoreRegistry
 
@@ -35,14 +36,8 @@ class AuditResult:
 
 async def load_covered(conn: Conn) -> dict[str, ErasureIndex]:
     """Per tenant: erased entities and revoked memories, with their cut-offs."""
-    cursor = await conn.execute(
-        "SELECT tenant_id, entity_type, subject_type, entity_id, deletion_id, cut_off"
-        " FROM erased_entities"
-        " UNION ALL SELECT r.tenant_id, 'memory', '', r.target_id, r.deletion_id, r.cut_off"
-        " FROM deletion_requests r WHERE r.kind = 'revocation'"
-    )
     rows: dict[str, list[ErasureRow]] = defaultdict(list)
-    for columns in await cursor.fetchall():
+    for columns in [*await guard.every_erasure(conn), *await lifecycle.revoked_memories(conn)]:
         row = erasure_row(columns)
         rows[row[0][0]].append(row)
     return {tenant: ErasureIndex(latest_erasures(found)) for tenant, found in rows.items()}

@@ -81,6 +81,14 @@ class Coverage:
             only=_ONE_DELETION if deletion else sql.SQL(""),
         )
 
+    def covered_conversations(self) -> sql.Composed:
+        """``SELECT`` of the conversations (``tenant:conversation``) with rows in the table
+        that the erasure index covers: a derived store's ghosts."""
+        return sql.SQL(
+            "SELECT DISTINCT t.tenant_id || ':' || t.conversation_id FROM {table} t"
+            " JOIN erased_entities e ON {covered} ORDER BY 1"
+        ).format(table=sql.Identifier(self.table), covered=self.covered())
+
     def count(self, schema: str | None, erasures: sql.Composable, deletion: bool) -> sql.Composed:
         """``SELECT`` of the number of covered rows, as ``erase`` would delete them."""
         table = sql.Identifier(self.table) if schema is None else sql.Identifier(schema, self.table)

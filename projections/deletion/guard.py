@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
 from projections.deletion.erasure import (
@@ -135,3 +136,12 @@ async def erasure_digest(conn: Conn) -> tuple[int, int]:
     row = await cursor.fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+async def every_erasure(conn: Conn) -> list[tuple[Any, ...]]:
+    """Every row of the erasure index, as ``erasure_row`` reads it."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, entity_type, subject_type, entity_id, deletion_id, cut_off"
+        " FROM erased_entities"
+    )
+    return list(await cursor.fetchall())

@@ -1,17 +1,21 @@
 """The lifecycle of each deletion request in PostgreSQL: its per-store state (acks, deadlines,
-redeliveries), its completion and its verification result."""
+redeliveries), its completion, its verification result and its purge; and the ledger's reports
+(request details, lists, pending work per store) that operators, metrics and the CLI look at.
+The one module with SQL for ``deletion_requests``, ``deletion_store_acks``, ``deletion_purges``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from projections.bookkeeping import Conn, keyset, keyset_param
-from projections.deletion.ledger import RequestKey, RequestState
+from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
+from projections.deletion import probes
+from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 
@@ -144,22 +148,7 @@ async def save_verification(
         " WHERE tenant_id = %s AND deletion_id = %s",
         (Jsonb(dict(result)), now, tenant_id, deletion_id),
     )
-    await conn.execute(
-        "DELETE FROM deletion_probes WHERE tenant_id = %s AND deletion_id = %s",
-        (tenant_id, deletion_id),
-    )
-
-
-async def drop_expired_probes(conn: Conn, now: datetime) -> int:
-    """Delete the probes of every deletion whose deadline has passed, verified or not: a store
-    that never acknowledges must not keep vectors of the erased text alive."""
-    cursor = await conn.execute(
-        "DELETE FROM deletion_probes p USING deletion_requests r"
-        " WHERE r.tenant_id = p.tenant_id AND r.deletion_id = p.deletion_id"
-        " AND r.deadline_at <= %s",
-        (now,),
-    )
-    return cursor.rowcount
+    await probes.drop_probes(conn, tenant_id, deletion_id)
 
 
 # -- purge: the second milestone (projections.deletion.purge) ----------------------------------
@@ -269,3 +258,181 @@ async def purge_times(
         if place is not None and place_purged_at is not None:
             places[place] = place_purged_at
     return times
+
+
+async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[str, Any] | None:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT tenant_id, deletion_id, kind, target_type, target_id, subject_type, reason,"
+            " cut_off, recorded_at, deadline_at, required_stores, status, completed_at,"
+            " verification, verified_at, purged_at FROM deletion_requests"
+            " WHERE tenant_id = %s AND deletion_id = %s",
+            (tenant_id, deletion_id),
+        )
+        request = await cursor.fetchone()
+        if request is None:
+            return None
+        await cursor.execute(
+            "SELECT store, status, deadline_at, acked_at, removed_count, attempts, redeliveries,"
+            " last_redelivered_at, error FROM deletion_store_acks"
+            " WHERE tenant_id = %s AND deletion_id = %s ORDER BY store",
+            (tenant_id, deletion_id),
+        )
+        stores = {row.pop("store"): row for row in await cursor.fetchall()}
+        await cursor.execute(
+            "SELECT item_type, count(*) AS n FROM deletion_items"
+            " WHERE tenant_id = %s AND deletion_id = %s GROUP BY 1 ORDER BY 1",
+            (tenant_id, deletion_id),
+        )
+        items = {row["item_type"]: row["n"] for row in await cursor.fetchall()}
+        await cursor.execute(
+            "SELECT place, due_at, purged_at FROM deletion_purges"
+            " WHERE tenant_id = %s AND deletion_id = %s ORDER BY place",
+            (tenant_id, deletion_id),
+        )
+        purge = {row.pop("place"): row for row in await cursor.fetchall()}
+    requested = request["cut_off"]
+    for state in stores.values():
+        if state["acked_at"] is not None:
+            state["seconds_to_ack"] = (state["acked_at"] - requested).total_seconds()
+    for place, state in purge.items():
+        if state["purged_at"] is not None:
+            state["seconds_to_purge"] = (state["purged_at"] - requested).total_seconds()
+        if place in stores:
+            stores[place]["purged_at"] = state["purged_at"]
+    if request["completed_at"] is not None:
+        request["seconds_to_complete"] = (request["completed_at"] - requested).total_seconds()
+    if request["purged_at"] is not None:
+        request["seconds_to_purge"] = (request["purged_at"] - requested).total_seconds()
+    return {**request, "items": items, "stores": stores, "purge": purge}
+
+
+async def tenants_of(conn: Conn, deletion_id: str) -> list[str]:
+    cursor = await conn.execute(
+        "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1", (deletion_id,)
+    )
+    return [row[0] for row in await cursor.fetchall()]
+
+
+async def list_requests(
+    conn: Conn, tenant_id: str | None, pending_only: bool, limit: int = 100
+) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(
+            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
+            " r.cut_off, r.deadline_at, r.completed_at, r.verified_at,"
+            " coalesce(array_agg(a.store ORDER BY a.store)"
+            "   FILTER (WHERE a.status <> 'done'), '{}') AS waiting_for"
+            " FROM deletion_requests r JOIN deletion_store_acks a USING (tenant_id, deletion_id)"
+            " WHERE (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s)"
+            " AND (NOT %(pending)s OR r.status = 'pending')"
+            " GROUP BY r.tenant_id, r.deletion_id ORDER BY r.cut_off DESC LIMIT %(limit)s",
+            {"tenant": tenant_id, "pending": pending_only, "limit": limit},
+        )
+        return list(await cursor.fetchall())
+
+
+async def unverified(conn: Conn, limit: int = 20) -> list[tuple[str, str]]:
+    cursor = await conn.execute(
+        "SELECT tenant_id, deletion_id FROM deletion_requests"
+        " WHERE status = 'completed' AND verified_at IS NULL ORDER BY completed_at LIMIT %s",
+        (limit,),
+    )
+    return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDeletions:
+    count: int
+    oldest_seconds: float
+    overdue: int
+
+
+async def pending_by_store(conn: Conn, now: datetime) -> dict[str, PendingDeletions]:
+    """Per store: tombstones not yet acknowledged, the age of the oldest, and how many are past
+    their deadline."""
+    cursor = await conn.execute(
+        "SELECT a.store, count(*), min(r.cut_off), count(*) FILTER (WHERE a.deadline_at < %s)"
+        " FROM deletion_store_acks a JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE a.status <> 'done' GROUP BY a.store",
+        (now,),
+    )
+    return {
+        row[0]: PendingDeletions(int(row[1]), max(0.0, (now - row[2]).total_seconds()), int(row[3]))
+        for row in await cursor.fetchall()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Unpurged:
+    count: int
+    oldest_seconds: float
+
+
+async def unpurged_by_place(conn: Conn, now: datetime) -> dict[str, Unpurged]:
+    """Per place a copy can remain: completed deletions not purged there yet, and the age of
+    the oldest (since its request)."""
+    cursor = await conn.execute(
+        "SELECT p.place, count(*), min(r.cut_off) FROM deletion_purges p"
+        " JOIN deletion_requests r USING (tenant_id, deletion_id)"
+        " WHERE p.purged_at IS NULL GROUP BY p.place"
+    )
+    return {
+        row[0]: Unpurged(int(row[1]), max(0.0, (now - row[2]).total_seconds()))
+        for row in await cursor.fetchall()
+    }
+
+
+async def revoked_memories(conn: Conn) -> list[tuple[Any, ...]]:
+    """Every revoked memory, as an erasure row (``coverage.erasure_row``): a revocation erases
+    one memory and records no erasure index row."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, 'memory', '', target_id, deletion_id, cut_off"
+        " FROM deletion_requests WHERE kind = 'revocation'"
+    )
+    return list(await cursor.fetchall())
+
+
+# -- recording: the requests a ledger batch decided (projections.deletion.store) -------------
+
+REQUEST_COLUMNS = (
+    "tenant_id", "deletion_id", "kind", "target_type", "target_id", "subject_type", "reason",
+    "cut_off", "deadline_at", "required_stores", "status", "request_event_id", "tombstone",
+)  # fmt: skip
+
+
+def _request_row(e: LedgerEntry) -> tuple[Any, ...]:
+    return (
+        e.tenant_id, e.deletion_id, e.kind, e.target.type, e.target.id, e.target.subject_type,
+        e.reason, e.cut_off, e.deadline_at, list(e.required_stores), "pending",
+        e.request_event_id, e.tombstone().model_dump_json(),
+    )  # fmt: skip
+
+
+async def record_requests(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
+    """The requests and their items, pending; a request already recorded is left as it is."""
+    await copy_new_rows(conn, "deletion_requests", REQUEST_COLUMNS, map(_request_row, entries))
+    await copy_new_rows(
+        conn,
+        "deletion_items",
+        ("tenant_id", "deletion_id", "item_type", "item_id", "conversation_id"),
+        (
+            (e.tenant_id, e.deletion_id, item.type, item.id, item.conversation_id or "")
+            for e in entries
+            for item in e.resolved.items()
+        ),
+    )
+
+
+async def record_pending_acks(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
+    """One pending acknowledgement per required store of each request."""
+    await copy_new_rows(
+        conn,
+        "deletion_store_acks",
+        ("tenant_id", "deletion_id", "store", "status", "deadline_at"),
+        (
+            (e.tenant_id, e.deletion_id, store, "pending", e.deadline_at)
+            for e in entries
+            for store in e.required_stores
+        ),
+    )

@@ -7,11 +7,10 @@ afterwards in ``lifecycle``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from projections.bookkeeping import Conn, copy_new_rows
+from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
-from projections.deletion import guard
+from projections.deletion import guard, lifecycle
 from projections.deletion.ledger import LedgerEntry, ResolvedTarget
 from projections.embeddings.embedder import memory_text, message_text
 from projections.memory import store as memory_store
@@ -58,51 +57,13 @@ async def probe_texts(conn: Conn, entry: LedgerEntry) -> list[tuple[str, str, st
     ] + [("message", message_id, message_text(content)) for message_id, content in messages]
 
 
-REQUEST_COLUMNS = (
-    "tenant_id", "deletion_id", "kind", "target_type", "target_id", "subject_type", "reason",
-    "cut_off", "deadline_at", "required_stores", "status", "request_event_id", "tombstone",
-)  # fmt: skip
-
-
-def _request_row(e: LedgerEntry) -> tuple[Any, ...]:
-    return (
-        e.tenant_id, e.deletion_id, e.kind, e.target.type, e.target.id, e.target.subject_type,
-        e.reason, e.cut_off, e.deadline_at, list(e.required_stores), "pending",
-        e.request_event_id, e.tombstone().model_dump_json(),
-    )  # fmt: skip
-
-
 async def record_entries(conn: Conn, entries: Sequence[LedgerEntry]) -> None:
     """The requests, their items, the erasure index rows and one pending ack per store.
     Idempotent: a rebuild that replays a revocation finds its entry already recorded."""
     if not entries:
         return
-    await copy_new_rows(
-        conn,
-        "deletion_requests",
-        REQUEST_COLUMNS,
-        map(_request_row, entries),
-    )
-    await copy_new_rows(
-        conn,
-        "deletion_items",
-        ("tenant_id", "deletion_id", "item_type", "item_id", "conversation_id"),
-        (
-            (e.tenant_id, e.deletion_id, item.type, item.id, item.conversation_id or "")
-            for e in entries
-            for item in e.resolved.items()
-        ),
-    )
+    await lifecycle.record_requests(conn, entries)
     await guard.record_erasures(
         conn, ((key, e.cut_off, e.deletion_id) for e in entries for key in e.erased)
     )
-    await copy_new_rows(
-        conn,
-        "deletion_store_acks",
-        ("tenant_id", "deletion_id", "store", "status", "deadline_at"),
-        (
-            (e.tenant_id, e.deletion_id, store, "pending", e.deadline_at)
-            for e in entries
-            for store in e.required_stores
-        ),
-    )
+    await lifecycle.record_pending_acks(conn, entries)

@@ -22,6 +22,7 @@ from typing import Any
 from projections.bookkeeping import Conn
 from projections.deadletters.keys import count_letter_keys_not_newest, rewrap_letter_keys
 from projections.deadletters.sealing import LetterSealer
+from projections.deletion import probes as stored_probes
 from projections.sealing.crypto import Unreadable
 from projections.sealing.keys import KeyStore, count_not_newest, rewrap_batch
 from projections.sealing.probes import ProbeSealer
@@ -31,8 +32,6 @@ DEFAULT_BATCH = 500
 # longer than this is reported as remaining, and the next run moves it.
 MAX_PASSES = 5
 _PASS_PAUSE_SECONDS = 0.5
-
-ProbeId = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,23 +89,11 @@ class RotationReport:
 async def reseal_probes(conn: Conn, probes: ProbeSealer, limit: int, report: RotationReport) -> int:
     """Re-seal every sealed probe not sealed by the newest key, ``limit`` rows a transaction,
     in key order; the number of probes no configured key opens (they are left as they are)."""
-    after: ProbeId | None = None
+    after: stored_probes.ProbeId | None = None
     unreadable = 0
     while True:
         async with conn.transaction():
-            where = (
-                ""
-                if after is None
-                else " AND (tenant_id, deletion_id, item_type, item_id) > (%s, %s, %s, %s)"
-            )
-            cursor = await conn.execute(
-                "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector"
-                f" FROM deletion_probes WHERE sealed_vector IS NOT NULL{where}"
-                " ORDER BY tenant_id, deletion_id, item_type, item_id LIMIT %s"
-                " FOR UPDATE SKIP LOCKED",
-                (*(after or ()), limit),
-            )
-            rows = await cursor.fetchall()
+            rows = await stored_probes.lock_sealed_batch(conn, after, limit)
             updates = []
             for tenant, deletion, item_type, item_id, sealed in rows:
                 try:
@@ -116,13 +103,7 @@ async def reseal_probes(conn: Conn, probes: ProbeSealer, limit: int, report: Rot
                     continue
                 if resealed is not None:
                     updates.append((resealed, tenant, deletion, item_type, item_id))
-            if updates:
-                async with conn.cursor() as update:
-                    await update.executemany(
-                        "UPDATE deletion_probes SET sealed_vector = %s WHERE tenant_id = %s"
-                        " AND deletion_id = %s AND item_type = %s AND item_id = %s",
-                        updates,
-                    )
+            await stored_probes.replace_sealed(conn, updates)
             report.probes += len(updates)
         if len(rows) < limit:
             return unreadable
@@ -132,12 +113,8 @@ async def reseal_probes(conn: Conn, probes: ProbeSealer, limit: int, report: Rot
 
 async def probes_not_newest(conn: Conn, probes: ProbeSealer) -> tuple[int, int]:
     """Sealed probes under an older key, and those no configured key opens."""
-    cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector FROM deletion_probes"
-        " WHERE sealed_vector IS NOT NULL"
-    )
     older = unreadable = 0
-    for tenant, deletion, item_type, item_id, sealed in await cursor.fetchall():
+    for tenant, deletion, item_type, item_id, sealed in await stored_probes.sealed(conn):
         try:
             if probes.reseal(tenant, deletion, item_type, item_id, bytes(sealed)) is not None:
                 older += 1

@@ -70,12 +70,7 @@ class ConversationTableStore(DerivedStore):
         return [f"{self.table.table}:{row[0]}" for row in rows]
 
     async def ghosts(self, conn: Conn, covered: Mapping[str, ErasureIndex]) -> list[str]:
-        cursor = await conn.execute(
-            sql.SQL(
-                "SELECT DISTINCT t.tenant_id || ':' || t.conversation_id FROM {table} t"
-                " JOIN erased_entities e ON {covered} ORDER BY 1"
-            ).format(table=sql.Identifier(self.table.table), covered=self.table.covered())
-        )
+        cursor = await conn.execute(self.table.covered_conversations())
         return [row[0] for row in await cursor.fetchall()]
 
 

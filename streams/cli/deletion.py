@@ -10,8 +10,9 @@ from typing import Any
 import click
 import psycopg
 
+from projections import bookkeeping
 from projections.bookkeeping import Conn
-from projections.deletion import queries
+from projections.deletion import lifecycle
 from projections.retention import holds as legal_holds
 from streams.cli.common import echo_json, publish, settings_of, talks_to_kafka, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
@@ -158,8 +159,8 @@ def deletion_status(
     async def load(conn: Conn) -> list[dict[str, Any]]:
         deadline = time.monotonic() + wait_seconds
         while True:
-            tenants = [tenant] if tenant else await queries.tenants_of(conn, deletion_id)
-            found = [await queries.request_detail(conn, t, deletion_id) for t in tenants]
+            tenants = [tenant] if tenant else await lifecycle.tenants_of(conn, deletion_id)
+            found = [await lifecycle.request_detail(conn, t, deletion_id) for t in tenants]
             details = [detail for detail in found if detail is not None]
             await conn.rollback()  # a fresh snapshot for the next look
             settled = details and all(d["verified_at"] is not None for d in details)
@@ -170,7 +171,7 @@ def deletion_status(
     details = with_connection(settings_of(ctx), load)
     if not details and tenant is not None:
         refusal = with_connection(
-            settings_of(ctx), lambda conn: queries.refusal(conn, tenant, deletion_id)
+            settings_of(ctx), lambda conn: bookkeeping.legal_hold_refusal(conn, tenant, deletion_id)
         )
         if refusal is not None:
             raise click.ClickException(f"deletion {deletion_id}: {refusal}")
@@ -228,7 +229,7 @@ def deletion_list(
 ) -> None:
     """Recent deletions, newest first, with the stores still to acknowledge."""
     rows = with_connection(
-        settings_of(ctx), lambda conn: queries.list_requests(conn, tenant, pending, limit)
+        settings_of(ctx), lambda conn: lifecycle.list_requests(conn, tenant, pending, limit)
     )
     if as_json:
         echo_json(rows)

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from projections.bookkeeping import Conn
 from projections.deletion import audit as ghost_audit
-from projections.deletion import queries as ledger
+from projections.deletion import lifecycle as ledger
+from projections.deletion import queries as blocked
 from projections.stores import STORES
 from streams.cli.audit import plaintext
 from streams.cli.common import echo_json, settings_of, talks_to_kafka
@@ -81,7 +82,7 @@ async def _ledger_view(settings: Settings) -> tuple[Any, Any, Any]:
 
 async def _read(conn: Conn) -> tuple[Any, Any, Any]:
     pending = await ledger.pending_by_store(conn, datetime.now(UTC))
-    return pending, await ghost_audit.latest(conn), await ledger.blocked_reads(conn)
+    return pending, await ghost_audit.latest(conn), await blocked.blocked_reads(conn)
 
 
 def take(settings: Settings, lag: LagCollector, previous: Snapshot | None) -> Snapshot:

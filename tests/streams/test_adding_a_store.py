@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from projections.bookkeeping import Conn
-from projections.deletion import lifecycle, queries
+from projections.deletion import lifecycle
 from projections.deletion.coverage import keys_of
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.ledger import LedgerBatch, ResolvedTarget, plan_erasure, reduce_ledger
@@ -347,7 +347,7 @@ def test_a_deletion_completes_with_its_acknowledgement_and_is_verified_and_audit
             for pool in pools:
                 await pool.close()
         async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
-            detail = await queries.request_detail(conn, TENANT, "d_toy")
+            detail = await lifecycle.request_detail(conn, TENANT, "d_toy")
             cursor = await conn.execute(
                 "SELECT ghost_items, examples FROM ghost_audits WHERE store = 'toy'"
             )

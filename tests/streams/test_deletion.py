@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from projections.deletion import queries as ledger
+from projections.deletion import lifecycle as ledger
+from projections.deletion import queries as blocked
 from projections.deletion.verify import verify
 from projections.embeddings.vectors import Match
 from projections.memory import store as memory_store
@@ -137,7 +138,7 @@ def test_a_stopped_store_keeps_the_request_pending_and_the_guard_blocks_ghosts(e
     assert ghosts.records == []
     assert ghosts.blocked["embeddings"]["erased"] >= 1
     assert vectors(env).find(Match(tenant_id="acme", subject=ALICE))  # the ghost is there
-    assert env.run(ledger.blocked_reads)["embeddings"] >= 1
+    assert env.run(blocked.blocked_reads)["embeddings"] >= 1
 
     def redelivered() -> dict[str, Any] | None:
         found = detail(env, "acme", "d_alice")
@@ -196,13 +197,13 @@ def test_a_lagging_context_store_never_serves_or_recaches_the_deleted_view(env: 
         assert conn.execute(
             "SELECT count(*) FROM conversation_context WHERE conversation_id = 'c_alice'"
         ).fetchone() == (1,)
-    blocked_before = env.run(ledger.blocked_reads).get("context", 0)
+    blocked_before = env.run(blocked.blocked_reads).get("context", 0)
 
     async def read_view(conn: Any) -> Any:
         return await reads.context_view(conn, cache_of(env), "acme", "c_alice")
 
     assert env.run(read_view) is None
-    assert env.run(ledger.blocked_reads)["context"] == blocked_before + 1
+    assert env.run(blocked.blocked_reads)["context"] == blocked_before + 1
     assert env.run(lambda conn: cache_of(env).get_context("acme", "c_alice")) is None
 
     env.worker("context")

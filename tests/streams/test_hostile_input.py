@@ -33,7 +33,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from conftest import stop_all
 
 from projections import shadow
-from projections.deletion import queries as ledger
+from projections.deletion import lifecycle as ledger
 from projections.memory import store
 from projections.migrate import migrate
 from streams.kafka import create_topics, delete_topics, producer_config

@@ -19,7 +19,7 @@ from conftest import settings_environment
 
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
-from projections.deletion import queries as ledger
+from projections.deletion import lifecycle as ledger
 from projections.embeddings.vectors import Match, VectorStore
 from projections.memory.store import RecallQuery
 from projections.stores import STORES, DerivedStore

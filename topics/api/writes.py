@@ -80,7 +80,7 @@ class PlacePurge(_Body):
 
 
 class DeletionProgress(_Body):
-    """One deletion as the ledger holds it (``projections.deletion.queries.request_detail``):
+    """One deletion as the ledger holds it (``projections.deletion.lifecycle.request_detail``):
     ids, counts and timings, never content."""
 
     tenant_id: str

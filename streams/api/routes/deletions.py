@@ -16,6 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header
 
+from projections import bookkeeping
 from projections.access.proposals import (
     DELETE,
     AcceptedDeletion,
@@ -24,7 +25,7 @@ from projections.access.proposals import (
     key_actor,
     request_digest,
 )
-from projections.deletion import queries
+from projections.deletion import lifecycle
 from projections.deletion.ledger import HeldBy
 from projections.retention import holds as legal_holds
 from streams.api.auth import CurrentPrincipal, Principal, Services
@@ -169,8 +170,12 @@ async def get_deletion(
     """404 until the deletion worker has recorded the request, and for another tenant's."""
     principal.check_purpose(DELETE)
     async with services.pool.connection() as conn:
-        detail = await queries.request_detail(conn, principal.tenant_id, deletion_id)
-        refused = None if detail else await queries.refusal(conn, principal.tenant_id, deletion_id)
+        detail = await lifecycle.request_detail(conn, principal.tenant_id, deletion_id)
+        refused = (
+            None
+            if detail
+            else await bookkeeping.legal_hold_refusal(conn, principal.tenant_id, deletion_id)
+        )
     if refused is not None:
         raise ApiError(409, "legal_hold", refused)
     if detail is None:
