@@ -53,7 +53,7 @@ def set_class(
     with_connection(settings_of(ctx), work)
     click.echo(
         f"{tenant} {retention_class}: "
-        + _period(None if duration is None else duration.total_seconds())
+        + period_text(None if duration is None else duration.total_seconds())
     )
 
 
@@ -74,8 +74,14 @@ def clear_class(ctx: click.Context, tenant: str, retention_class: str) -> None:
     click.echo(f"cleared {tenant} {retention_class}")
 
 
-def _period(seconds: float | None) -> str:
-    return "keep" if seconds is None else f"{seconds:g}s"
+def period_text(seconds: float | None) -> str:
+    """A period as set (``90d``, ``12h``, ``30s``): the largest unit that divides it."""
+    if seconds is None:
+        return "keep"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
 
 
 @retention.command("list")
@@ -107,12 +113,12 @@ def list_classes(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
         return
     for row in listed:
         click.echo(
-            f"{row['tenant_id']}\t{row['retention_class']}\t{_period(row['period_seconds'])}"
+            f"{row['tenant_id']}\t{row['retention_class']}\t{period_text(row['period_seconds'])}"
             f"\t{row['updated_at']} by {row['updated_by']}"
         )
     click.echo(
         "default for classes not configured (MEMPROJ_RETENTION_DEFAULT_SECONDS): "
-        + _period(None if default is None else default.total_seconds())
+        + period_text(None if default is None else default.total_seconds())
     )
 
 
@@ -141,7 +147,7 @@ def report(ctx: click.Context, tenant: str | None, as_json: bool) -> None:
         period = (
             "expiry+grace"
             if line.retention_class == schedule_store.EXPIRED_MEMORIES
-            else _period(line.period_seconds)
+            else period_text(line.period_seconds)
         )
         click.echo(
             f"{line.tenant_id}\t{line.retention_class}\t{period}"
