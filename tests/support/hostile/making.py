@@ -53,6 +53,8 @@ class Maker:
                     verification="crm_field",
                     expires_at=later,
                 )
+            if event_type == "memory.reviewed":
+                return f.reviewed(tenant, memory_id, 1, note="checked with the customer")
             return f.revoked(tenant, memory_id, "asked", expected_version=1)
         if event_type.startswith("conversation."):
             conversation_id = entity or self.fresh("h_conv_")
