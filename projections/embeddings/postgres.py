@@ -446,6 +446,21 @@ class PostgresVectorStore:
         with self._statement() as cursor:
             return [tuple(row) for row in cursor.execute(statement).fetchall()]
 
+    def _nearest(
+        self,
+        tenant_id: str,
+        vector: Sequence[float],
+        limit: int,
+        subject: tuple[str, str] | None,
+        only: MemoryOnly | None,
+    ) -> list[tuple[float, str]]:
+        """The ``limit`` nearest of the tenant's (subject's, ``only``'s) candidates: what both
+        searches rank before they read what each answers with."""
+        self._check_query(vector)
+        if limit < 1 or (only is not None and only.admits_nothing):
+            return []
+        return self._rank(vector, limit, self._candidates(tenant_id, subject, only))
+
     def search(
         self,
         tenant_id: str,
@@ -454,10 +469,7 @@ class PostgresVectorStore:
         subject: tuple[str, str] | None = None,
         only: MemoryOnly | None = None,
     ) -> list[VectorHit]:
-        self._check_query(vector)
-        if limit < 1 or (only is not None and only.admits_nothing):
-            return []
-        ranked = self._rank(vector, limit, self._candidates(tenant_id, subject, only))
+        ranked = self._nearest(tenant_id, vector, limit, subject, only)
         return [
             VectorHit(self._entry(row), distance)
             for distance, row in self._by_id(tenant_id, ranked, _COLUMNS)
@@ -471,10 +483,7 @@ class PostgresVectorStore:
         subject: tuple[str, str] | None = None,
         only: MemoryOnly | None = None,
     ) -> list[Candidate]:
-        self._check_query(vector)
-        if limit < 1 or (only is not None and only.admits_nothing):
-            return []
-        ranked = self._rank(vector, limit, self._candidates(tenant_id, subject, only))
+        ranked = self._nearest(tenant_id, vector, limit, subject, only)
         return [
             Candidate(entry_id, stored_kind(entry_id, kind), tenant_id, memory_id, version, d)
             for d, (entry_id, kind, memory_id, version) in self._by_id(

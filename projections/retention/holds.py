@@ -123,23 +123,15 @@ async def on_conversations(
 ) -> dict[tuple[str, str], list[Hold]]:
     """Per (tenant, conversation): every hold, in force or released, on the conversation or
     on the subject who owns it."""
-    wanted = sorted(set(keys))
-    found: dict[tuple[str, str], list[Hold]] = {key: [] for key in wanted}
-    if not wanted:
-        return found
-    columns = ", ".join(f"h.{c.strip()}" for c in _COLUMNS.split(","))
-    cursor = await conn.execute(
-        f"SELECT k.t, k.c, {columns} FROM unnest(%s::text[], %s::text[]) AS k(t, c)"
-        " LEFT JOIN conversations v ON v.tenant_id = k.t AND v.conversation_id = k.c"
+    return await _holds_by_key(
+        conn,
+        keys,
+        " LEFT JOIN conversations v ON v.tenant_id = k.t AND v.conversation_id = k.e"
         " JOIN legal_holds h ON h.tenant_id = k.t AND ("
-        " (h.target_type = 'conversation' AND h.target_id = k.c)"
+        " (h.target_type = 'conversation' AND h.target_id = k.e)"
         " OR (h.target_type = 'subject' AND h.subject_type = v.owner_type"
         " AND h.target_id = v.owner_id))",
-        ([t for t, _ in wanted], [c for _, c in wanted]),
     )
-    for row in await cursor.fetchall():
-        found[(row[0], row[1])].append(_hold(row[2:]))
-    return found
 
 
 async def on_memories(
@@ -147,19 +139,30 @@ async def on_memories(
 ) -> dict[tuple[str, str], list[Hold]]:
     """Per (tenant, memory): every hold on the memory's subject or on the conversation its
     source points into."""
+    return await _holds_by_key(
+        conn,
+        keys,
+        " JOIN memories m ON m.tenant_id = k.t AND m.memory_id = k.e"
+        " JOIN legal_holds h ON h.tenant_id = k.t AND ("
+        " (h.target_type = 'conversation' AND h.target_id = m.source_conversation_id)"
+        " OR (h.target_type = 'subject' AND h.subject_type = m.subject_type"
+        " AND h.target_id = m.subject_id))",
+    )
+
+
+async def _holds_by_key(
+    conn: Conn, keys: Iterable[tuple[str, str]], joins: str
+) -> dict[tuple[str, str], list[Hold]]:
+    """Per (tenant, entity) key: the holds ``joins`` finds for it (k.t the tenant, k.e the
+    entity id); every key present, with no hold an empty list."""
     wanted = sorted(set(keys))
     found: dict[tuple[str, str], list[Hold]] = {key: [] for key in wanted}
     if not wanted:
         return found
     columns = ", ".join(f"h.{c.strip()}" for c in _COLUMNS.split(","))
     cursor = await conn.execute(
-        f"SELECT k.t, k.m, {columns} FROM unnest(%s::text[], %s::text[]) AS k(t, m)"
-        " JOIN memories m ON m.tenant_id = k.t AND m.memory_id = k.m"
-        " JOIN legal_holds h ON h.tenant_id = k.t AND ("
-        " (h.target_type = 'conversation' AND h.target_id = m.source_conversation_id)"
-        " OR (h.target_type = 'subject' AND h.subject_type = m.subject_type"
-        " AND h.target_id = m.subject_id))",
-        ([t for t, _ in wanted], [m for _, m in wanted]),
+        f"SELECT k.t, k.e, {columns} FROM unnest(%s::text[], %s::text[]) AS k(t, e)" + joins,
+        ([t for t, _ in wanted], [e for _, e in wanted]),
     )
     for row in await cursor.fetchall():
         found[(row[0], row[1])].append(_hold(row[2:]))
