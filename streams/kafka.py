@@ -23,7 +23,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from projections.bookkeeping import OutboxMessage
 from streams.kafka_security import KafkaCluster, KafkaSecurityError
 from topics.messages import InputMessage, header_pairs
-from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicSpec
+from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicReplication, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +52,35 @@ def client_config(target: KafkaTarget) -> dict[str, Any]:
     return as_cluster(target).client_config()
 
 
+# What every producer memproj builds asks of Kafka, whatever else it overrides: a write is
+# acknowledged once every in-sync replica has it (at least the topic's min.insync.replicas),
+# and a retry after a lost acknowledgement (a leader that failed over) is not written twice;
+# idempotence also keeps per-partition order.
+DURABLE_PRODUCER: dict[str, object] = {"acks": "all", "enable.idempotence": True}
+
+
+class WeakerDurability(ValueError):
+    """A producer configuration that would lower ``DURABLE_PRODUCER``."""
+
+
 def producer_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, object]:
+    """The configuration of every confluent-kafka Producer memproj creates (plain or
+    transactional): ``overrides`` tune it, but never lower its durability."""
+    weaker = sorted(
+        name
+        for name, value in overrides.items()
+        if name in DURABLE_PRODUCER and value != DURABLE_PRODUCER[name]
+    )
+    if weaker:
+        raise WeakerDurability(f"producer settings {weaker} are fixed: {DURABLE_PRODUCER}")
     config: dict[str, object] = {
         **client_config(bootstrap),
-        # Idempotence keeps per-partition order and drops broker-side duplicates on retry.
-        "enable.idempotence": True,
-        "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.max.bytes": MESSAGE_MAX_BYTES,
     }
     config.update(overrides)
+    config.update(DURABLE_PRODUCER)
     return config
 
 
@@ -267,17 +285,27 @@ def config_changes(wanted: Mapping[str, str], current: Mapping[str, str | None])
 
 
 def create_topics(
-    bootstrap: KafkaTarget, names: TopicNames, specs: Iterable[TopicSpec], timeout: float = 30.0
+    bootstrap: KafkaTarget,
+    names: TopicNames,
+    specs: Iterable[TopicSpec],
+    replication: TopicReplication,
+    timeout: float = 30.0,
 ) -> list[TopicCreation]:
-    """Create every topic that does not exist yet, and bring the configs of those that do up
-    to the registry (an incremental alter of only what differs, so that an upgrade gets new
-    lifetimes; configs the registry does not name are left as the operator set them)."""
+    """Create every topic that does not exist yet, with ``replication``, and bring the configs
+    of those that do up to the registry and ``min.insync.replicas`` (an incremental alter of
+    only what differs, so that an upgrade gets new lifetimes; configs the registry does not
+    name are left as the operator set them). An existing topic keeps its replication factor:
+    changing it is a partition reassignment, an operator's step (docs/operations.md)."""
     specs = list(specs)
     admin = AdminClient(admin_config(bootstrap))
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [spec for spec in specs if names.name(spec) not in existing]
     results = align_topic_configs(
-        admin, names, [spec for spec in specs if names.name(spec) in existing], timeout
+        admin,
+        names,
+        [spec for spec in specs if names.name(spec) in existing],
+        replication,
+        timeout,
     )
     if not wanted:
         return sorted(results, key=lambda result: result.name)
@@ -286,8 +314,8 @@ def create_topics(
             NewTopic(
                 names.name(spec),
                 num_partitions=spec.partitions,
-                replication_factor=-1,  # the broker's default: 1 on the local stack
-                config=spec.config(),
+                replication_factor=replication.factor,
+                config=topic_config(spec, replication),
             )
             for spec in wanted
         ],
@@ -306,10 +334,20 @@ def create_topics(
     return sorted(results, key=lambda result: result.name)
 
 
+def topic_config(spec: TopicSpec, replication: TopicReplication) -> dict[str, str]:
+    """The configs memproj gives a topic: the registry's and the replication's."""
+    return {**spec.config(), **replication.config()}
+
+
 def align_topic_configs(
-    admin: AdminClient, names: TopicNames, specs: Sequence[TopicSpec], timeout: float = 30.0
+    admin: AdminClient,
+    names: TopicNames,
+    specs: Sequence[TopicSpec],
+    replication: TopicReplication,
+    timeout: float = 30.0,
 ) -> list[TopicCreation]:
-    """Set, on existing topics, every registry config whose value differs on the broker."""
+    """Set, on existing topics, every config of ``topic_config`` whose value differs on the
+    broker."""
     if not specs:
         return []
     resources = [ConfigResource(ResourceType.TOPIC, names.name(spec)) for spec in specs]
@@ -319,7 +357,8 @@ def align_topic_configs(
         for resource, future in described.items()
     }
     changes = {
-        names.name(spec): config_changes(spec.config(), current[names.name(spec)]) for spec in specs
+        names.name(spec): config_changes(topic_config(spec, replication), current[names.name(spec)])
+        for spec in specs
     }
     alters = [
         ConfigResource(

@@ -24,7 +24,7 @@ from projections.sealing.crypto import MasterKeys, parse_master_key, parse_maste
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings
-from topics.registry import DELETION_REQUESTS, TopicNames, TopicSpec
+from topics.registry import DELETION_REQUESTS, TopicNames, TopicReplication, TopicSpec
 
 # The workers whose commit makes an event visible to the reads (recall, context): their
 # batches wait less (ops/decisions/freshness.md).
@@ -119,6 +119,18 @@ class Settings(BaseSettings):
     )
     # -- end of Kafka client security
     topic_prefix: str = Field("", description="prefix for every topic name, e.g. 'staging.'")
+    topic_replication_factor: int = Field(
+        1,
+        ge=1,
+        description="replicas of each partition of the topics memproj creates (3 on a "
+        "production cluster: one broker may fail without losing a write)",
+    )
+    topic_min_insync_replicas: int = Field(
+        1,
+        ge=1,
+        description="replicas that must have a write before Kafka acknowledges it (producers "
+        "use acks=all; 2 with a replication factor of 3); set on every topic memproj creates",
+    )
     group_prefix: str = Field(
         "memproj",
         description="prefix of consumer group ids: each worker kind's group is <prefix>-<kind>",
@@ -445,6 +457,11 @@ class Settings(BaseSettings):
         _ = self.master_keyring  # a malformed key fails at start, naming the setting only
         return self
 
+    @model_validator(mode="after")
+    def _check_topic_replication(self) -> Settings:
+        _ = self.topic_replication  # more in-sync replicas than replicas fails at start
+        return self
+
     @property
     def master_keyring(self) -> MasterKeys:
         """Every configured master key by id, newest first (MEMPROJ_MASTER_KEY alone: id
@@ -495,6 +512,10 @@ class Settings(BaseSettings):
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    @property
+    def topic_replication(self) -> TopicReplication:
+        return TopicReplication(self.topic_replication_factor, self.topic_min_insync_replicas)
 
     @property
     def batch_limits(self) -> BatchLimits:

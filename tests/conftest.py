@@ -380,7 +380,7 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
         settings = settings.model_copy(update={"topic_prefix": topic_prefix.format(name=name)})
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS, settings.topic_replication)
     apply_migrations(settings.postgres_dsn)
     test_env = Env(settings, schema, tmp_path)
     try:

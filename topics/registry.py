@@ -25,6 +25,28 @@ DEAD_LETTER_RETENTION_MS = 7 * DAY_MS
 MESSAGE_MAX_BYTES = 1_000_000
 
 
+@dataclass(frozen=True, slots=True)
+class TopicReplication:
+    """How many brokers hold each partition of memproj's topics (``factor``), and how many of
+    them must have a write before the broker acknowledges it (``min_insync``: every producer
+    asks for ``acks=all``). One and one on a single broker; three and two on a cluster, where
+    one broker may fail without losing or refusing a write."""
+
+    factor: int = 1
+    min_insync: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_insync <= self.factor:
+            raise ValueError(
+                f"min.insync.replicas ({self.min_insync}) must be between 1 and the replication"
+                f" factor ({self.factor}): a write could never be acknowledged"
+            )
+
+    def config(self) -> dict[str, str]:
+        """The topic configs it sets (the factor itself is given at creation only)."""
+        return {"min.insync.replicas": str(self.min_insync)}
+
+
 class TopicRole(StrEnum):
     INPUT = "input"
     OUTPUT = "output"

@@ -68,7 +68,7 @@ def prepare(
     """Create the environment's topics (``specs``) and its migrated schema."""
     settings = environment.settings
     if specs:
-        create_topics(settings.kafka_bootstrap, settings.topics, specs)
+        create_topics(settings.kafka_bootstrap, settings.topics, specs, settings.topic_replication)
     environment.topics = [settings.topics.name(spec) for spec in specs]
     with psycopg.connect(base.postgres_conninfo, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {environment.schema}")

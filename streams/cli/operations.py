@@ -27,7 +27,7 @@ def topics_create(ctx: click.Context, as_json: bool) -> None:
     """Create every topic of the registry that does not exist yet, and bring the configs of
     existing ones (retention, compaction bounds) up to the registry (idempotent)."""
     settings = settings_of(ctx)
-    results = create_topics(settings.kafka, settings.topics, ALL_TOPICS)
+    results = create_topics(settings.kafka, settings.topics, ALL_TOPICS, settings.topic_replication)
     if as_json:
         echo_json(
             [{"topic": r.name, "created": r.created, "updated": list(r.changes)} for r in results]

@@ -164,7 +164,12 @@ def test_topics_create_brings_existing_topics_configs_up_to_the_registry(env: An
 
     results = {
         r.name: r
-        for r in create_topics(bootstrap, env.settings.topics, [MEMORY_CURRENT, MEMORY_EVENTS])
+        for r in create_topics(
+            bootstrap,
+            env.settings.topics,
+            [MEMORY_CURRENT, MEMORY_EVENTS],
+            env.settings.topic_replication,
+        )
     }
 
     assert results[topic].detail == "updated"
@@ -178,7 +183,9 @@ def test_topics_create_brings_existing_topics_configs_up_to_the_registry(env: An
         lambda: all(topic_config(bootstrap, topic)[k] == v for k, v in wanted.items()),
         "the registry's configs on the broker",
     )
-    again = create_topics(bootstrap, env.settings.topics, [MEMORY_CURRENT])
+    again = create_topics(
+        bootstrap, env.settings.topics, [MEMORY_CURRENT], env.settings.topic_replication
+    )
     assert [(r.detail, r.changes) for r in again] == [("exists", ())]
 
 
@@ -194,7 +201,7 @@ def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) ->
             ("min.compaction.lag.ms", "0"),
         ),
     )
-    create_topics(bootstrap, names, [test_sized])
+    create_topics(bootstrap, names, [test_sized], env.settings.topic_replication)
     topic = names.name(test_sized)
     try:
         producer = Producer(kafka_producer_config(bootstrap))

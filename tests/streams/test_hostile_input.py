@@ -132,7 +132,7 @@ def twin(stack: Settings, env: Any, tmp_path: Path) -> Iterator[Any]:
     (tmp_path / "twin").mkdir()
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS)
+    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS, settings.topic_replication)
 
     async def migrated() -> None:
         async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
