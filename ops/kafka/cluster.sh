@@ -7,14 +7,14 @@
 #   ops/stack up kafka-cluster | down kafka-cluster | status kafka-cluster | env kafka-cluster
 #
 # Ports (127.0.0.1, PLAINTEXT only), node N = 1..3:
-#   broker      MEMPROJ_KAFKA_CLUSTER_PORT + N - 1             (19092..19094)
-#   controller  MEMPROJ_KAFKA_CLUSTER_CONTROLLER_PORT + N - 1  (19192..19194)
+#   broker      MEMPROJ_KAFKA_CLUSTER_PORT + N - 1             (29092..29094)
+#   controller  MEMPROJ_KAFKA_CLUSTER_CONTROLLER_PORT + N - 1  (29192..29194)
 # State in <stack>/kafka-cluster/broker-N/ (data, server.properties, kafka.pid), logs in
 # <stack>/logs/kafka-cluster/broker-N/. MEMPROJ_KAFKA_CLUSTER_HEAP is each JVM's -Xmx (384m).
 
 KAFKA_CLUSTER_NODES=(1 2 3)
-KAFKA_CLUSTER_PORT=${MEMPROJ_KAFKA_CLUSTER_PORT:-19092}
-KAFKA_CLUSTER_CONTROLLER_PORT=${MEMPROJ_KAFKA_CLUSTER_CONTROLLER_PORT:-19192}
+KAFKA_CLUSTER_PORT=${MEMPROJ_KAFKA_CLUSTER_PORT:-29092}
+KAFKA_CLUSTER_CONTROLLER_PORT=${MEMPROJ_KAFKA_CLUSTER_CONTROLLER_PORT:-29192}
 KAFKA_CLUSTER_HEAP=(-Xms128m "-Xmx${MEMPROJ_KAFKA_CLUSTER_HEAP:-384m}")
 KAFKA_CLUSTER_HOME=$STACK_DIR/kafka-cluster
 KAFKA_CLUSTER_LOG_DIR=$LOG_DIR/kafka-cluster
