@@ -22,6 +22,7 @@ from streams.kafka_security import (
     fatal_cause,
 )
 from streams.settings import Settings
+from topics.registry import TopicReplication
 
 SECRET = "s3cret-pw-value"
 REPO = Path(__file__).resolve().parents[2]
@@ -149,3 +150,11 @@ def test_no_client_is_built_from_the_bare_bootstrap_string() -> None:
         and re.search(r"\bkafka_bootstrap\b", path.read_text())
     ]
     assert offenders == []
+
+
+def test_replication_settings_default_to_one_broker_and_are_checked_at_start() -> None:
+    assert Settings().topic_replication == TopicReplication(1, 1)
+    cluster = Settings(topic_replication_factor=3, topic_min_insync_replicas=2)
+    assert cluster.topic_replication == TopicReplication(3, 2)
+    with pytest.raises(ValueError, match=r"min\.insync\.replicas"):
+        Settings(topic_replication_factor=1, topic_min_insync_replicas=2)

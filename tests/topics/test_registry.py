@@ -3,11 +3,14 @@ entity, with no services."""
 
 from __future__ import annotations
 
+import pytest
+
 from topics.messages import header_pairs
 from topics.registry import (
     ALL_TOPICS,
     COMPACTION_SEGMENT_MS,
     MEMORY_CURRENT,
+    TopicReplication,
     entity_headers,
     entity_of_message,
     input_key,
@@ -80,3 +83,11 @@ def test_memory_current_carries_its_compaction_bound_and_other_topics_none() -> 
     assert int(config["max.compaction.lag.ms"]) <= COMPACTION_SEGMENT_MS  # due once rolled
     assert config["min.compaction.lag.ms"] == "0"
     assert [spec.base_name for spec in ALL_TOPICS if spec.lifetime] == ["memory.current"]
+
+
+def test_replication_sets_min_insync_replicas_within_the_factor() -> None:
+    assert TopicReplication().config() == {"min.insync.replicas": "1"}
+    assert TopicReplication(3, 2).config() == {"min.insync.replicas": "2"}
+    for factor, min_insync in ((3, 4), (1, 0), (0, 0)):
+        with pytest.raises(ValueError, match=r"min\.insync\.replicas"):
+            TopicReplication(factor, min_insync)
