@@ -173,7 +173,7 @@ def measure_erasure_under_load(
     time.sleep(max(0.0, started + seconds - time.monotonic()))
     producer.stop()
     ingest_rate = producer.sent / (time.monotonic() - started)
-    ledger = _wait_completed(settings, list(requested), deadline_seconds)
+    ledger = wait_completed(settings, list(requested), deadline_seconds)
     tombstones = _published(settings, settings.topics.name(DELETION_TOMBSTONES), set(requested))
     acks = _published(settings, settings.topics.name(DELETION_ACKS), set(requested))
     latencies = []
@@ -216,7 +216,7 @@ class LedgerEntry:
     acked: dict[str, datetime | None]  # per required store
 
 
-def _wait_completed(
+def wait_completed(
     settings: Settings, deletion_ids: list[str], deadline_seconds: float
 ) -> dict[str, LedgerEntry]:
     """What the ledger says of each request, once every one is completed or at the

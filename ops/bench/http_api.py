@@ -358,6 +358,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     base = Settings()
+    if args.no_scalar_index and base.vector_store != "lancedb":
+        parser.error("--no-scalar-index is an experiment on the LanceDB vector store")
     run = uuid.uuid4().hex[:8]
     environment = isolated(base, run, "api")
     # A cache of its own: another run's cached recalls (same tenant and subjects) would be
@@ -384,6 +386,7 @@ def main() -> None:
             "memories": args.memories,
             "subjects": args.subjects,
             "embedder": type(embedder).__name__,
+            "vector_store": settings.vector_store,
             "scalar_index": not args.no_scalar_index,
             "load_seconds": loaded,
             "stack_missing": stack.missing,

@@ -25,6 +25,7 @@ from topics.registry import MEMORY_EVENTS
 # The benchmark's modules import each other as scripts do, from their own directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops" / "bench"))
 
+import capacity_inputs
 import cpu_time
 import environment
 import erasure_load
@@ -155,10 +156,25 @@ def test_cpu_totals_add_every_process() -> None:
     )
 
 
+def test_erasure_cpu_is_what_the_workers_spend_beyond_idle() -> None:
+    busy = {"deletion worker(s)": 2.5, cpu_time.BROKER: 0.5, cpu_time.THIS_PROCESS: 0.1}
+    idle = {"deletion worker(s)": 0.5, cpu_time.BROKER: 0.75}
+    assert capacity_inputs.beyond_idle(busy, idle) == {
+        "deletion worker(s)": 2.0,
+        cpu_time.BROKER: 0.0,
+        cpu_time.THIS_PROCESS: 0.1,
+    }
+
+
 def test_the_benchmark_starts_only_real_worker_kinds() -> None:
     # one hop (ops/decisions/one-hop.md): the memory workers seal, there is no sealer kind
     assert pipeline.pipeline_kinds(2) == ["memory", "memory"]
-    started = {*pipeline.pipeline_kinds(1), *erasure_load.STORE_WORKERS, "monitor"}
+    started = {
+        *pipeline.pipeline_kinds(1),
+        *erasure_load.STORE_WORKERS,
+        "monitor",
+        "conversation",  # capacity_inputs.py's conversation stage
+    }
     assert started <= set(WORKER_KINDS)
 
 
