@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -178,6 +179,43 @@ def subject_items(settings: Settings, subjects: list[tuple[str, str]]) -> int:
     return found
 
 
+def postgres_bytes(environment: Environment) -> dict[str, int]:
+    """Each table's size with its indexes and TOAST, in the environment's schema."""
+    with psycopg.connect(environment.settings.postgres_conninfo) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 2 DESC",
+            (environment.schema,),
+        ).fetchall()
+    return {str(name): int(str(size)) for name, size in rows if int(str(size)) > 16384}
+
+
+def table_rows(environment: Environment, tables: list[str]) -> dict[str, int]:
+    with psycopg.connect(environment.settings.postgres_conninfo) as conn:
+        return {
+            table: int(str(row[0]))
+            for table in tables
+            if (row := conn.execute(f"SELECT count(*) FROM {table}").fetchone()) is not None
+        }
+
+
+def kafka_bytes(environment: Environment) -> dict[str, int]:
+    """Bytes of each of the environment's topics in the broker's log segments (one replica;
+    the index files are preallocated and not counted). Empty when the broker's data directory
+    is not this stack's (``MEMPROJ_STACK_DIR``)."""
+    stack = os.environ.get("MEMPROJ_STACK_DIR")
+    data = Path(stack) / "kafka" / "data" if stack else None
+    if data is None or not data.is_dir():
+        return {}
+    prefix = environment.settings.topic_prefix
+    sizes: dict[str, int] = {}
+    for partition in data.glob(f"{prefix}*-*"):
+        topic = partition.name.rsplit("-", 1)[0].removeprefix(prefix)
+        sizes[topic] = sizes.get(topic, 0) + sum(f.stat().st_size for f in partition.glob("*.log"))
+    return {topic: size for topic, size in sorted(sizes.items()) if size}
+
+
 def beyond_idle(busy: dict[str, float], idle: dict[str, float]) -> dict[str, float]:
     """CPU seconds per process spent over what it spends idle in a window as long (polling,
     heartbeats, the other sessions' share of the broker); never below zero."""
@@ -262,6 +300,17 @@ def main() -> None:
             environment, stack, "conversation", CONVERSATION_EVENTS, conversation_messages
         )
         result["embeddings"] = indexing(environment, stack)
+        result["postgres_bytes"] = postgres_bytes(environment)
+        result["postgres_rows"] = table_rows(
+            environment, ["memories", "memory_versions", "vector_entries"]
+        )
+        result["kafka_bytes"] = kafka_bytes(environment)
+        result["events"] = {
+            "memory": len(memory_messages),
+            "conversation": len(conversation_messages),
+            "memory_bytes": sum(len(v or b"") for _, v in memory_messages),
+            "conversation_bytes": sum(len(v or b"") for _, v in conversation_messages),
+        }
         result["erasure"] = erasures(environment, stack, min(args.erasures, 25))
     finally:
         drop(base, [environment], [])
