@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -38,9 +37,9 @@ from typing import Any
 
 import psycopg
 from cpu_time import CpuMeter, StackProcesses, total  # ops/bench/cpu_time.py, beside this script
-from environment import Environment, application_prefix, drop, isolated, prepare
+from environment import Environment, application_prefix, drop, isolated, prepare, print_and_save
 from erasure_load import STORE_WORKERS, subject_erasure, wait_completed
-from pipeline import Workers
+from pipeline import Workers, produce
 
 from streams.kafka import producer_config
 from streams.progress import committed_offsets, end_offsets, wait_pipeline
@@ -60,21 +59,6 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ops" / "bench" / "results"
 TENANTS = 8
 Message = tuple[bytes | None, bytes | None]
-
-
-def produce_to(settings: Settings, topic: TopicSpec, messages: list[Message]) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 20}))
-    name = settings.topics.name(topic)
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(name, value, key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
 
 
 def caught_up(settings: Settings, raw: TopicSpec, kind: str) -> None:
@@ -126,9 +110,9 @@ def backlog_stage(
     (its start-up and group join are outside the clock: it warms up on the first message)."""
     settings = environment.settings
     with Workers(settings, environment.data_dir / f"worker-{kind}", [kind]) as workers:
-        produce_to(settings, raw, messages[:1])
+        produce(settings, messages[:1], raw)
         caught_up(settings, raw, kind)
-        produce_to(settings, raw, messages[1:])
+        produce(settings, messages[1:], raw)
         meter = CpuMeter(workers.pids(), stack)
         meter.start()
         started = time.perf_counter()
@@ -314,11 +298,8 @@ def main() -> None:
         result["erasure"] = erasures(environment, stack, min(args.erasures, 25))
     finally:
         drop(base, [environment], [])
-    text = json.dumps(result, indent=2)
-    print(text)
-    saved = args.json or RESULTS / f"capacity-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(text + "\n")
+    saved = args.json or RESULTS / f"capacity-inputs-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    print_and_save(result, saved)
     print(f"saved: {saved}")
 
 

@@ -6,6 +6,7 @@ report."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 import tempfile
@@ -89,6 +90,14 @@ def drop(base: Settings, environments: Sequence[Environment], extra_schemas: Seq
         delete_topics(base.kafka_bootstrap, topics)
     for environment in environments:
         shutil.rmtree(environment.data_dir, ignore_errors=True)
+
+
+def print_and_save(report: object, target: Path) -> None:
+    """A run's figures on stdout, and as a JSON file at ``target``."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text + "\n")
 
 
 def percentile(values: Sequence[float], share: float) -> float:

@@ -52,7 +52,15 @@ import psycopg
 
 # ops/bench/*.py, beside this script
 from cpu_time import CpuMeter, StackProcesses
-from environment import application_prefix, drop, isolated, percentile, prepare, rounded_ms
+from environment import (
+    application_prefix,
+    drop,
+    isolated,
+    percentile,
+    prepare,
+    print_and_save,
+    rounded_ms,
+)
 from rss import peak_rss_mb
 
 from projections.access import keys, purposes
@@ -400,11 +408,7 @@ def main() -> None:
             server.stop()
         if not args.keep:
             drop(base, [environment], [])
-    text = json.dumps(report, indent=2)
-    print(text)
-    target = args.json or RESULTS / f"api-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text + "\n")
+    print_and_save(report, args.json or RESULTS / f"api-{datetime.now(UTC):%Y%m%dT%H%M%S}.json")
 
 
 if __name__ == "__main__":

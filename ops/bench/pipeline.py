@@ -25,15 +25,21 @@ from streams.kafka import admin_config, producer_config
 from streams.progress import wait_pipeline
 from streams.settings import Settings
 from streams.worker import consumers_per_worker
-from topics.registry import MEMORY_EVENTS
+from topics.registry import MEMORY_EVENTS, TopicSpec
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CONSUMER_GROUP = frozenset({"monitor"})  # it reads lag and audits; it consumes nothing
 
 
-def produce(settings: Settings, messages: list[tuple[bytes | None, bytes | None]]) -> float:
+def produce(
+    settings: Settings,
+    messages: list[tuple[bytes | None, bytes | None]],
+    raw: TopicSpec = MEMORY_EVENTS,
+) -> float:
+    """``messages`` onto ``raw`` (the memory stream's topic unless said), as fast as the
+    producer takes them: seconds until every one is acknowledged."""
     producer = Producer(producer_config(settings.kafka_bootstrap, **{"linger.ms": 20}))
-    topic = settings.topics.name(MEMORY_EVENTS)
+    topic = settings.topics.name(raw)
     started = time.perf_counter()
     for key, value in messages:
         while True:
