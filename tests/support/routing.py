@@ -1,0 +1,335 @@
+"""Whether Citus can route a statement to one tenant's shard, judged on PostgreSQL's own parse
+tree (pglast: libpg_query) of the statement as pg_stat_statements recorded it.
+
+The rule (projections.distribution): every occurrence of a distributed table is tied to a
+tenant by ``tenant_id`` equalities, in the WHERE clause or a join's ON, to a parameter or
+constant, directly or through other distributed tables' ``tenant_id`` (a join, a correlated
+subquery); an INSERT or COPY into one names ``tenant_id`` among its columns, and its ON CONFLICT
+target includes it. Reference and coordinator tables are free. A statement whose leading
+comment names an entry of ``CROSS_TENANT`` is allowed to reach every tenant.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pglast
+from pglast import ast
+from pglast.enums import A_Expr_Kind, BoolExprType
+
+from projections.distribution import (
+    CROSS_TENANT,
+    DISTRIBUTION_COLUMN,
+    TABLES,
+    Placement,
+)
+
+MARKER = re.compile(r"/\*\s*cross-tenant:\s*([\w.-]+)\s*\*/")
+ANCHOR = "<tenant>"
+# Statements that touch no table's rows: transactions, settings, locks of the session, DDL
+# (Citus propagates DDL to the shards itself; the migrations run before the scenario).
+DML = (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt, ast.MergeStmt, ast.CopyStmt)
+
+
+@dataclass
+class Verdict:
+    query: str
+    problems: list[str]
+    cross_tenant: str | None = None
+
+    @property
+    def routable(self) -> bool:
+        return not self.problems
+
+
+def distributed(name: str) -> bool:
+    table = TABLES.get(name)
+    return table is not None and table.placement is Placement.DISTRIBUTED
+
+
+@dataclass
+class _Links:
+    """A union-find of ``<scope>.<alias>`` tenant columns and the tenant anchor."""
+
+    parent: dict[str, str] = field(default_factory=dict)
+
+    def find(self, node: str) -> str:
+        self.parent.setdefault(node, node)
+        while self.parent[node] != node:
+            self.parent[node] = self.parent[self.parent[node]]
+            node = self.parent[node]
+        return node
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+@dataclass
+class _Scope:
+    ident: int
+    # alias -> node id of its tenant column; None: a relation without one we can follow
+    visible: dict[str, str | None]
+    # the distributed tables of this scope: (table, alias, node id)
+    tables: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.links = _Links()
+        self.problems: list[str] = []
+        self.occurrences: list[tuple[str, str, str]] = []
+        self.counter = 0
+        self.ctes: dict[str, str | None] = {}
+
+    # --- statements -------------------------------------------------------------------
+    def statement(self, node: ast.Node, outer: Mapping[str, str | None]) -> str | None:
+        """Check one statement; return the node of its output's tenant column, if any."""
+        if isinstance(node, ast.SelectStmt):
+            return self.select(node, outer)
+        if isinstance(node, ast.InsertStmt):
+            self.insert(node, outer)
+        elif isinstance(node, ast.UpdateStmt):
+            self.modify(node, node.relation, node.fromClause, node.whereClause, outer, node)
+        elif isinstance(node, ast.DeleteStmt):
+            self.modify(node, node.relation, node.usingClause, node.whereClause, outer, node)
+        elif isinstance(node, ast.CopyStmt):
+            self.copy(node, outer)
+        elif isinstance(node, ast.MergeStmt):
+            self.problems.append("MERGE is not checked: write it as INSERT ... ON CONFLICT")
+        return None
+
+    def with_clause(self, clause: ast.WithClause | None, outer: Mapping[str, str | None]) -> None:
+        for cte in (clause.ctes or ()) if clause else ():
+            assert isinstance(cte, ast.CommonTableExpr)
+            self.ctes[cte.ctename] = self.statement(cte.ctequery, outer)
+
+    def select(self, node: ast.SelectStmt, outer: Mapping[str, str | None]) -> str | None:
+        self.with_clause(node.withClause, outer)
+        if node.larg is not None or node.rarg is not None:
+            left = self.select(node.larg, outer) if node.larg else None
+            right = self.select(node.rarg, outer) if node.rarg else None
+            if left and right:
+                self.links.union(left, right)
+            return left
+        scope = self.scope(outer)
+        quals: list[ast.Node] = []
+        for item in node.fromClause or ():
+            self.from_item(item, scope, quals)
+        if node.whereClause is not None:
+            quals.append(node.whereClause)
+        self.equalities(quals, scope)
+        for part in (node.targetList, node.havingClause, node.valuesLists):
+            self.nested(part, scope.visible)
+        for qual in quals:
+            self.nested(qual, scope.visible)
+        self.require(scope)
+        return self.output_tenant(node.targetList, scope)
+
+    def insert(self, node: ast.InsertStmt, outer: Mapping[str, str | None]) -> None:
+        self.with_clause(node.withClause, outer)
+        table = node.relation.relname
+        if distributed(table):
+            columns = [col.name for col in node.cols or ()]
+            if columns and DISTRIBUTION_COLUMN not in columns:
+                self.problems.append(f"INSERT INTO {table} without {DISTRIBUTION_COLUMN}")
+            conflict = node.onConflictClause
+            if conflict is not None and conflict.infer is not None and conflict.infer.indexElems:
+                target = [elem.name for elem in conflict.infer.indexElems]
+                if DISTRIBUTION_COLUMN not in target:
+                    self.problems.append(
+                        f"ON CONFLICT ({', '.join(target)}) of {table} without"
+                        f" {DISTRIBUTION_COLUMN}"
+                    )
+        if node.selectStmt is not None:
+            self.statement(node.selectStmt, outer)
+        scope = self.scope(outer)
+        alias = node.relation.alias.aliasname if node.relation.alias else table
+        scope.visible[alias] = None
+        self.nested(node.onConflictClause, scope.visible)
+        self.nested(node.returningClause, scope.visible)
+
+    def modify(
+        self,
+        node: ast.UpdateStmt | ast.DeleteStmt,
+        relation: ast.RangeVar,
+        from_clause: tuple[ast.Node, ...] | None,
+        where: ast.Node | None,
+        outer: Mapping[str, str | None],
+        statement: ast.Node,
+    ) -> None:
+        self.with_clause(node.withClause, outer)
+        scope = self.scope(outer)
+        quals: list[ast.Node] = []
+        self.from_item(relation, scope, quals)
+        for item in from_clause or ():
+            self.from_item(item, scope, quals)
+        if where is not None:
+            quals.append(where)
+        self.equalities(quals, scope)
+        for qual in quals:
+            self.nested(qual, scope.visible)
+        if isinstance(statement, ast.UpdateStmt):
+            self.nested(statement.targetList, scope.visible)
+        self.nested(node.returningClause, scope.visible)
+        self.require(scope)
+
+    def copy(self, node: ast.CopyStmt, outer: Mapping[str, str | None]) -> None:
+        if node.query is not None:
+            self.statement(node.query, outer)
+            return
+        table = node.relation.relname
+        if not distributed(table):
+            return
+        columns = [col.sval for col in node.attlist or ()]
+        if not node.is_from:
+            self.problems.append(f"COPY {table} TO reads every tenant")
+        elif columns and DISTRIBUTION_COLUMN not in columns:
+            self.problems.append(f"COPY {table} without {DISTRIBUTION_COLUMN}")
+
+    # --- scopes -------------------------------------------------------------------------
+    def scope(self, outer: Mapping[str, str | None]) -> _Scope:
+        self.counter += 1
+        return _Scope(self.counter, dict(outer))
+
+    def from_item(self, item: ast.Node, scope: _Scope, quals: list[ast.Node]) -> None:
+        if isinstance(item, ast.RangeVar):
+            alias = item.alias.aliasname if item.alias else item.relname
+            if item.schemaname is None and item.relname in self.ctes:
+                scope.visible[alias] = self.ctes[item.relname]
+            elif distributed(item.relname):
+                node = f"{scope.ident}.{alias}"
+                scope.visible[alias] = node
+                scope.tables.append((item.relname, alias, node))
+            else:
+                scope.visible[alias] = None
+        elif isinstance(item, ast.JoinExpr):
+            self.from_item(item.larg, scope, quals)
+            self.from_item(item.rarg, scope, quals)
+            if item.quals is not None:
+                quals.append(item.quals)
+        elif isinstance(item, ast.RangeSubselect):
+            tenant = self.statement(item.subquery, scope.visible if item.lateral else {})
+            if item.alias is not None:
+                scope.visible[item.alias.aliasname] = tenant
+        elif isinstance(item, ast.RangeFunction):
+            self.nested(item.functions, scope.visible)
+            if item.alias is not None:
+                scope.visible[item.alias.aliasname] = None
+
+    def equalities(self, quals: list[ast.Node], scope: _Scope) -> None:
+        for qual in quals:
+            for conjunct in conjuncts(qual):
+                pair = equality(conjunct)
+                if pair is None:
+                    continue
+                left, right = (self.tenant_term(term, scope) for term in pair)
+                if left is not None and right is not None:
+                    self.links.union(left, right)
+
+    def tenant_term(self, term: ast.Node, scope: _Scope) -> str | None:
+        while isinstance(term, ast.TypeCast):
+            term = term.arg
+        if isinstance(term, (ast.ParamRef, ast.A_Const)):
+            return ANCHOR
+        if not isinstance(term, ast.ColumnRef):
+            return None
+        names = [part.sval for part in term.fields if isinstance(part, ast.String)]
+        if not names or names[-1] != DISTRIBUTION_COLUMN:
+            return None
+        if len(names) >= 2:
+            return scope.visible.get(names[-2])
+        own = [node for _, _, node in scope.tables]
+        if len(own) == 1:
+            return own[0]
+        if not own:
+            followed = [node for node in scope.visible.values() if node is not None]
+            return followed[0] if len(followed) == 1 else None
+        return None
+
+    def output_tenant(self, targets: tuple[ast.Node, ...] | None, scope: _Scope) -> str | None:
+        for target in targets or ():
+            if not isinstance(target, ast.ResTarget):
+                continue
+            name = target.name
+            value = target.val
+            if isinstance(value, ast.ColumnRef) and isinstance(value.fields[-1], ast.String):
+                name = name or value.fields[-1].sval
+            if name == DISTRIBUTION_COLUMN and value is not None:
+                return self.tenant_term(value, scope)
+        return None
+
+    def nested(self, part: object, visible: Mapping[str, str | None]) -> None:
+        """Check the subqueries inside an expression, which see ``visible``."""
+        for sub in subqueries(part):
+            self.statement(sub, visible)
+
+    def require(self, scope: _Scope) -> None:
+        self.occurrences.extend(scope.tables)
+
+    def verdict(self) -> list[str]:
+        anchor = self.links.find(ANCHOR)
+        unbound = sorted(
+            {
+                f"{table} is not tied to one tenant by {DISTRIBUTION_COLUMN} equality"
+                for table, _, node in self.occurrences
+                if self.links.find(node) != anchor
+            }
+        )
+        return self.problems + unbound
+
+
+def conjuncts(node: ast.Node) -> Iterator[ast.Node]:
+    if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
+        for arg in node.args:
+            yield from conjuncts(arg)
+    else:
+        yield node
+
+
+def equality(node: ast.Node) -> tuple[ast.Node, ast.Node] | None:
+    if not isinstance(node, ast.A_Expr):
+        return None
+    op = [part.sval for part in node.name or () if isinstance(part, ast.String)]
+    if op != ["="]:
+        return None
+    kind = node.kind
+    if kind == A_Expr_Kind.AEXPR_OP:
+        return node.lexpr, node.rexpr
+    if kind == A_Expr_Kind.AEXPR_IN and len(node.rexpr) == 1:
+        return node.lexpr, node.rexpr[0]
+    return None
+
+
+def subqueries(part: object) -> Iterator[ast.Node]:
+    """The statements directly inside ``part`` (through SubLinks), not below them."""
+    if isinstance(part, ast.SubLink):
+        yield part.subselect
+        yield from subqueries(part.testexpr)
+    elif isinstance(part, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
+        yield part
+    elif isinstance(part, ast.Node):
+        for slot in type(part).__slots__:
+            yield from subqueries(getattr(part, slot, None))
+    elif isinstance(part, (list, tuple)):
+        for item in part:
+            yield from subqueries(item)
+
+
+def judge(query: str) -> Verdict:
+    """The routing verdict on one statement (a normalized pg_stat_statements text)."""
+    marker = MARKER.search(query)
+    if marker is not None:
+        name = marker.group(1)
+        if name in CROSS_TENANT:
+            return Verdict(query, [], cross_tenant=name)
+        return Verdict(query, [f"cross-tenant statement {name} is not in CROSS_TENANT"])
+    problems: list[str] = []
+    for raw in pglast.parse_sql(query):
+        if not isinstance(raw.stmt, DML):
+            continue
+        checker = _Checker()
+        checker.statement(raw.stmt, {})
+        problems.extend(checker.verdict())
+    return Verdict(query, problems)
