@@ -107,7 +107,23 @@ TABLES: Mapping[str, Table] = {
 
 # name -> why it must reach every tenant. Short on purpose: a new entry is a statement that
 # Citus runs on every shard.
-CROSS_TENANT: Mapping[str, str] = {}
+CROSS_TENANT: Mapping[str, str] = {
+    "redelivery": "the deletion duty resends every tombstone past its deadline, whose tenant it"
+    " does not know before it finds it",
+    "verification": "the deletion duty verifies the completed deletions not verified yet, oldest"
+    " first, of every tenant",
+    "purge-schedule": "the purge duty writes the places of every completed deletion not"
+    " scheduled yet",
+    "purge-due": "the purge duty's round over one place: the deletions not purged there yet",
+    "purge-finish": "the purge duty marks purged every deletion whose places are all purged",
+    "probe-expiry": "the probes of every deletion past its deadline are dropped in one"
+    " statement, so that none outlives it",
+    "read-audit-trim": "the read audit is trimmed past its retention, whatever the tenant",
+    "deletion-gauges": "the metrics count the pending deletions per store and the unpurged"
+    " ones per place, over every tenant",
+    "review-gauges": "the metrics count the held versions and the flagged memories over every"
+    " tenant",
+}
 
 
 def cross_tenant(name: LiteralString) -> LiteralString:

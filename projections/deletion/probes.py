@@ -10,6 +10,7 @@ from typing import Any
 
 from projections.bookkeeping import Conn, copy_rows
 from projections.deletion.ledger import LedgerEntry
+from projections.distribution import cross_tenant
 from projections.sealing.probes import ProbeSealer
 
 ProbeId = tuple[str, str, str, str]
@@ -68,7 +69,7 @@ async def drop_expired_probes(conn: Conn, now: datetime) -> int:
     that never acknowledges must not keep vectors of the erased text alive. The deadline is the
     request's: one statement reading the ledger, so that no probe outlives it between two."""
     cursor = await conn.execute(
-        "DELETE FROM deletion_probes p USING deletion_requests r"
+        cross_tenant("probe-expiry") + "DELETE FROM deletion_probes p USING deletion_requests r"
         " WHERE r.tenant_id = p.tenant_id AND r.deletion_id = p.deletion_id"
         " AND r.deadline_at <= %s",
         (now,),

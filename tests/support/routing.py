@@ -28,6 +28,9 @@ from projections.distribution import (
 
 MARKER = re.compile(r"/\*\s*cross-tenant:\s*([\w.-]+)\s*\*/")
 ANCHOR = "<tenant>"
+# The tenant column of a batch's key set (``projections.bookkeeping.keyset``: one JSON array
+# of keys, ``r->>0 AS tenant_id``) or of ``tenant_id = ANY(<array>)``: several tenants.
+BATCH = "<tenants of a batch>"
 # Statements that touch no table's rows: transactions, settings, locks of the session, DDL
 # (Citus propagates DDL to the shards itself; the migrations run before the scenario).
 DML = (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt, ast.MergeStmt, ast.CopyStmt)
@@ -38,6 +41,9 @@ class Verdict:
     query: str
     problems: list[str]
     cross_tenant: str | None = None
+    # Distributed tables looked up for a batch's keys of several tenants at once: Citus runs
+    # such a statement on every shard (projections.distribution, "Batches").
+    batch: list[str] = field(default_factory=list)
 
     @property
     def routable(self) -> bool:
@@ -193,7 +199,8 @@ class _Checker:
         self.counter += 1
         return _Scope(self.counter, dict(outer))
 
-    def from_item(self, item: ast.Node, scope: _Scope, quals: list[ast.Node]) -> None:
+    def from_item(self, item: ast.Node, scope: _Scope, quals: list[ast.Node]) -> list[str]:
+        """Add ``item``'s relations to ``scope``; return their aliases."""
         if isinstance(item, ast.RangeVar):
             alias = item.alias.aliasname if item.alias else item.relname
             if item.schemaname is None and item.relname in self.ctes:
@@ -204,23 +211,40 @@ class _Checker:
                 scope.tables.append((item.relname, alias, node))
             else:
                 scope.visible[alias] = None
-        elif isinstance(item, ast.JoinExpr):
-            self.from_item(item.larg, scope, quals)
-            self.from_item(item.rarg, scope, quals)
+            return [alias]
+        if isinstance(item, ast.JoinExpr):
+            left = self.from_item(item.larg, scope, quals)
+            right = self.from_item(item.rarg, scope, quals)
             if item.quals is not None:
                 quals.append(item.quals)
-        elif isinstance(item, ast.RangeSubselect):
+            using = [name.sval for name in item.usingClause or () if isinstance(name, ast.String)]
+            if DISTRIBUTION_COLUMN in using:
+                joined = [scope.visible.get(alias) for alias in left + right]
+                tied = [node for node in joined if node is not None]
+                for node in tied[1:]:
+                    self.links.union(tied[0], node)
+            return left + right
+        if isinstance(item, ast.RangeSubselect):
             tenant = self.statement(item.subquery, scope.visible if item.lateral else {})
             if item.alias is not None:
                 scope.visible[item.alias.aliasname] = tenant
+                return [item.alias.aliasname]
         elif isinstance(item, ast.RangeFunction):
             self.nested(item.functions, scope.visible)
             if item.alias is not None:
                 scope.visible[item.alias.aliasname] = None
+                return [item.alias.aliasname]
+        return []
 
     def equalities(self, quals: list[ast.Node], scope: _Scope) -> None:
         for qual in quals:
             for conjunct in conjuncts(qual):
+                column = any_of_array(conjunct)
+                if column is not None:
+                    term = self.tenant_term(column, scope)
+                    if term is not None:
+                        self.links.union(term, BATCH)
+                    continue
                 pair = equality(conjunct)
                 if pair is None:
                     continue
@@ -257,6 +281,8 @@ class _Checker:
             if isinstance(value, ast.ColumnRef) and isinstance(value.fields[-1], ast.String):
                 name = name or value.fields[-1].sval
             if name == DISTRIBUTION_COLUMN and value is not None:
+                if json_field(value):
+                    return BATCH
                 return self.tenant_term(value, scope)
         return None
 
@@ -268,16 +294,16 @@ class _Checker:
     def require(self, scope: _Scope) -> None:
         self.occurrences.extend(scope.tables)
 
-    def verdict(self) -> list[str]:
-        anchor = self.links.find(ANCHOR)
+    def verdict(self) -> tuple[list[str], list[str]]:
+        """The problems, and the tables tied to a batch's tenants only."""
+        anchor, batch = self.links.find(ANCHOR), self.links.find(BATCH)
+        roots = {table: self.links.find(node) for table, _, node in self.occurrences}
         unbound = sorted(
-            {
-                f"{table} is not tied to one tenant by {DISTRIBUTION_COLUMN} equality"
-                for table, _, node in self.occurrences
-                if self.links.find(node) != anchor
-            }
+            f"{table} is not tied to one tenant by {DISTRIBUTION_COLUMN} equality"
+            for table, root in roots.items()
+            if root not in (anchor, batch)
         )
-        return self.problems + unbound
+        return self.problems + unbound, sorted(t for t, r in roots.items() if r == batch)
 
 
 def conjuncts(node: ast.Node) -> Iterator[ast.Node]:
@@ -300,6 +326,22 @@ def equality(node: ast.Node) -> tuple[ast.Node, ast.Node] | None:
     if kind == A_Expr_Kind.AEXPR_IN and len(node.rexpr) == 1:
         return node.lexpr, node.rexpr[0]
     return None
+
+
+def json_field(term: ast.Node) -> bool:
+    while isinstance(term, ast.TypeCast):
+        term = term.arg
+    return isinstance(term, ast.A_Expr) and [
+        part.sval for part in term.name or () if isinstance(part, ast.String)
+    ] == ["->>"]
+
+
+def any_of_array(node: ast.Node) -> ast.Node | None:
+    """The column of ``column = ANY(<parameter>)``."""
+    if not isinstance(node, ast.A_Expr) or node.kind != A_Expr_Kind.AEXPR_OP_ANY:
+        return None
+    op = [part.sval for part in node.name or () if isinstance(part, ast.String)]
+    return node.lexpr if op == ["="] else None
 
 
 def subqueries(part: object) -> Iterator[ast.Node]:
@@ -326,10 +368,13 @@ def judge(query: str) -> Verdict:
             return Verdict(query, [], cross_tenant=name)
         return Verdict(query, [f"cross-tenant statement {name} is not in CROSS_TENANT"])
     problems: list[str] = []
+    batch: list[str] = []
     for raw in pglast.parse_sql(query):
         if not isinstance(raw.stmt, DML):
             continue
         checker = _Checker()
         checker.statement(raw.stmt, {})
-        problems.extend(checker.verdict())
-    return Verdict(query, problems)
+        found, batched = checker.verdict()
+        problems.extend(found)
+        batch.extend(batched)
+    return Verdict(query, problems, batch=batch)
