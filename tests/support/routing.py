@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pglast
 from pglast import ast
@@ -90,7 +91,7 @@ class _Checker:
         self.ctes: dict[str, str | None] = {}
 
     # --- statements -------------------------------------------------------------------
-    def statement(self, node: ast.Node, outer: Mapping[str, str | None]) -> str | None:
+    def statement(self, node: Any, outer: Mapping[str, str | None]) -> str | None:
         """Check one statement; return the node of its output's tenant column, if any."""
         if isinstance(node, ast.SelectStmt):
             return self.select(node, outer)
@@ -106,12 +107,12 @@ class _Checker:
             self.problems.append("MERGE is not checked: write it as INSERT ... ON CONFLICT")
         return None
 
-    def with_clause(self, clause: ast.WithClause | None, outer: Mapping[str, str | None]) -> None:
+    def with_clause(self, clause: Any, outer: Mapping[str, str | None]) -> None:
         for cte in (clause.ctes or ()) if clause else ():
             assert isinstance(cte, ast.CommonTableExpr)
-            self.ctes[cte.ctename] = self.statement(cte.ctequery, outer)
+            self.ctes[str(cte.ctename)] = self.statement(cte.ctequery, outer)
 
-    def select(self, node: ast.SelectStmt, outer: Mapping[str, str | None]) -> str | None:
+    def select(self, node: Any, outer: Mapping[str, str | None]) -> str | None:
         self.with_clause(node.withClause, outer)
         if node.larg is not None or node.rarg is not None:
             left = self.select(node.larg, outer) if node.larg else None
@@ -133,7 +134,7 @@ class _Checker:
         self.require(scope)
         return self.output_tenant(node.targetList, scope)
 
-    def insert(self, node: ast.InsertStmt, outer: Mapping[str, str | None]) -> None:
+    def insert(self, node: Any, outer: Mapping[str, str | None]) -> None:
         self.with_clause(node.withClause, outer)
         table = node.relation.relname
         if distributed(table):
@@ -158,12 +159,12 @@ class _Checker:
 
     def modify(
         self,
-        node: ast.UpdateStmt | ast.DeleteStmt,
-        relation: ast.RangeVar,
-        from_clause: tuple[ast.Node, ...] | None,
-        where: ast.Node | None,
+        node: Any,
+        relation: Any,
+        from_clause: Any,
+        where: Any,
         outer: Mapping[str, str | None],
-        statement: ast.Node,
+        statement: Any,
     ) -> None:
         self.with_clause(node.withClause, outer)
         scope = self.scope(outer)
@@ -181,7 +182,7 @@ class _Checker:
         self.nested(node.returningClause, scope.visible)
         self.require(scope)
 
-    def copy(self, node: ast.CopyStmt, outer: Mapping[str, str | None]) -> None:
+    def copy(self, node: Any, outer: Mapping[str, str | None]) -> None:
         if node.query is not None:
             self.statement(node.query, outer)
             return
@@ -199,16 +200,17 @@ class _Checker:
         self.counter += 1
         return _Scope(self.counter, dict(outer))
 
-    def from_item(self, item: ast.Node, scope: _Scope, quals: list[ast.Node]) -> list[str]:
+    def from_item(self, item: Any, scope: _Scope, quals: list[Any]) -> list[str]:
         """Add ``item``'s relations to ``scope``; return their aliases."""
         if isinstance(item, ast.RangeVar):
-            alias = item.alias.aliasname if item.alias else item.relname
-            if item.schemaname is None and item.relname in self.ctes:
-                scope.visible[alias] = self.ctes[item.relname]
-            elif distributed(item.relname):
+            table = str(item.relname)
+            alias = str(item.alias.aliasname) if item.alias else table
+            if item.schemaname is None and table in self.ctes:
+                scope.visible[alias] = self.ctes[table]
+            elif distributed(table):
                 node = f"{scope.ident}.{alias}"
                 scope.visible[alias] = node
-                scope.tables.append((item.relname, alias, node))
+                scope.tables.append((table, alias, node))
             else:
                 scope.visible[alias] = None
             return [alias]
@@ -227,16 +229,16 @@ class _Checker:
         if isinstance(item, ast.RangeSubselect):
             tenant = self.statement(item.subquery, scope.visible if item.lateral else {})
             if item.alias is not None:
-                scope.visible[item.alias.aliasname] = tenant
-                return [item.alias.aliasname]
+                scope.visible[str(item.alias.aliasname)] = tenant
+                return [str(item.alias.aliasname)]
         elif isinstance(item, ast.RangeFunction):
             self.nested(item.functions, scope.visible)
             if item.alias is not None:
-                scope.visible[item.alias.aliasname] = None
-                return [item.alias.aliasname]
+                scope.visible[str(item.alias.aliasname)] = None
+                return [str(item.alias.aliasname)]
         return []
 
-    def equalities(self, quals: list[ast.Node], scope: _Scope) -> None:
+    def equalities(self, quals: list[Any], scope: _Scope) -> None:
         for qual in quals:
             for conjunct in conjuncts(qual):
                 column = any_of_array(conjunct)
@@ -252,14 +254,14 @@ class _Checker:
                 if left is not None and right is not None:
                     self.links.union(left, right)
 
-    def tenant_term(self, term: ast.Node, scope: _Scope) -> str | None:
+    def tenant_term(self, term: Any, scope: _Scope) -> str | None:
         while isinstance(term, ast.TypeCast):
             term = term.arg
         if isinstance(term, (ast.ParamRef, ast.A_Const)):
             return ANCHOR
         if not isinstance(term, ast.ColumnRef):
             return None
-        names = [part.sval for part in term.fields if isinstance(part, ast.String)]
+        names = [str(part.sval) for part in term.fields or () if isinstance(part, ast.String)]
         if not names or names[-1] != DISTRIBUTION_COLUMN:
             return None
         if len(names) >= 2:
@@ -272,14 +274,16 @@ class _Checker:
             return followed[0] if len(followed) == 1 else None
         return None
 
-    def output_tenant(self, targets: tuple[ast.Node, ...] | None, scope: _Scope) -> str | None:
+    def output_tenant(self, targets: Any, scope: _Scope) -> str | None:
         for target in targets or ():
             if not isinstance(target, ast.ResTarget):
                 continue
             name = target.name
-            value = target.val
-            if isinstance(value, ast.ColumnRef) and isinstance(value.fields[-1], ast.String):
-                name = name or value.fields[-1].sval
+            value: Any = target.val
+            if isinstance(value, ast.ColumnRef):
+                last: Any = (value.fields or (None,))[-1]
+                if isinstance(last, ast.String):
+                    name = name or last.sval
             if name == DISTRIBUTION_COLUMN and value is not None:
                 if json_field(value):
                     return BATCH
@@ -306,15 +310,15 @@ class _Checker:
         return self.problems + unbound, sorted(t for t, r in roots.items() if r == batch)
 
 
-def conjuncts(node: ast.Node) -> Iterator[ast.Node]:
+def conjuncts(node: Any) -> Iterator[Any]:
     if isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR:
-        for arg in node.args:
+        for arg in node.args or ():
             yield from conjuncts(arg)
     else:
         yield node
 
 
-def equality(node: ast.Node) -> tuple[ast.Node, ast.Node] | None:
+def equality(node: Any) -> tuple[Any, Any] | None:
     if not isinstance(node, ast.A_Expr):
         return None
     op = [part.sval for part in node.name or () if isinstance(part, ast.String)]
@@ -323,12 +327,13 @@ def equality(node: ast.Node) -> tuple[ast.Node, ast.Node] | None:
     kind = node.kind
     if kind == A_Expr_Kind.AEXPR_OP:
         return node.lexpr, node.rexpr
-    if kind == A_Expr_Kind.AEXPR_IN and len(node.rexpr) == 1:
-        return node.lexpr, node.rexpr[0]
+    listed: Any = node.rexpr
+    if kind == A_Expr_Kind.AEXPR_IN and len(listed) == 1:
+        return node.lexpr, listed[0]
     return None
 
 
-def json_field(term: ast.Node) -> bool:
+def json_field(term: Any) -> bool:
     while isinstance(term, ast.TypeCast):
         term = term.arg
     return isinstance(term, ast.A_Expr) and [
@@ -336,7 +341,7 @@ def json_field(term: ast.Node) -> bool:
     ] == ["->>"]
 
 
-def any_of_array(node: ast.Node) -> ast.Node | None:
+def any_of_array(node: Any) -> Any:
     """The column of ``column = ANY(<parameter>)``."""
     if not isinstance(node, ast.A_Expr) or node.kind != A_Expr_Kind.AEXPR_OP_ANY:
         return None
@@ -344,7 +349,7 @@ def any_of_array(node: ast.Node) -> ast.Node | None:
     return node.lexpr if op == ["="] else None
 
 
-def subqueries(part: object) -> Iterator[ast.Node]:
+def subqueries(part: object) -> Iterator[Any]:
     """The statements directly inside ``part`` (through SubLinks), not below them."""
     if isinstance(part, ast.SubLink):
         yield part.subselect
@@ -352,7 +357,8 @@ def subqueries(part: object) -> Iterator[ast.Node]:
     elif isinstance(part, (ast.SelectStmt, ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)):
         yield part
     elif isinstance(part, ast.Node):
-        for slot in type(part).__slots__:
+        slots: Any = type(part).__slots__  # type: ignore[attr-defined]
+        for slot in slots:
             yield from subqueries(getattr(part, slot, None))
     elif isinstance(part, (list, tuple)):
         for item in part:
