@@ -123,6 +123,10 @@ CROSS_TENANT: Mapping[str, str] = {
     " ones per place, over every tenant",
     "review-gauges": "the metrics count the held versions and the flagged memories over every"
     " tenant",
+    "retention-round": "the retention schedule finds the conversations and memories due, of"
+    " every tenant, oldest first",
+    "retention-receipt": "the retention report counts per tenant and class, over every tenant",
+    "key-rotation": "a master-key rotation re-wraps and counts the data keys of every tenant",
 }
 
 
