@@ -126,7 +126,10 @@ CROSS_TENANT: Mapping[str, str] = {
     "retention-round": "the retention schedule finds the conversations and memories due, of"
     " every tenant, oldest first",
     "retention-receipt": "the retention report counts per tenant and class, over every tenant",
-    "key-rotation": "a master-key rotation re-wraps and counts the data keys of every tenant",
+    "key-rotation": "a master-key rotation re-wraps and counts the data keys and sealed probes"
+    " of every tenant",
+    "operator-listing": "the CLI's listings for one tenant or, without --tenant, every tenant;"
+    " and the tenants that hold a deletion id, when an operator names no tenant",
 }
 
 

@@ -312,7 +312,9 @@ async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[s
 
 async def tenants_of(conn: Conn, deletion_id: str) -> list[str]:
     cursor = await conn.execute(
-        "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1", (deletion_id,)
+        cross_tenant("operator-listing")
+        + "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1",
+        (deletion_id,),
     )
     return [row[0] for row in await cursor.fetchall()]
 
@@ -322,7 +324,8 @@ async def list_requests(
 ) -> list[dict[str, Any]]:
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
+            cross_tenant("operator-listing")
+            + "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
             " r.cut_off, r.deadline_at, r.completed_at, r.verified_at,"
             " coalesce(array_agg(a.store ORDER BY a.store)"
             "   FILTER (WHERE a.status <> 'done'), '{}') AS waiting_for"

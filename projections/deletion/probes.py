@@ -86,7 +86,8 @@ async def lock_sealed_batch(conn: Conn, after: ProbeId | None, limit: int) -> li
         else " AND (tenant_id, deletion_id, item_type, item_id) > (%s, %s, %s, %s)"
     )
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector"
+        cross_tenant("key-rotation")
+        + "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector"
         f" FROM deletion_probes WHERE sealed_vector IS NOT NULL{where}"
         " ORDER BY tenant_id, deletion_id, item_type, item_id LIMIT %s"
         " FOR UPDATE SKIP LOCKED",
@@ -109,7 +110,8 @@ async def replace_sealed(conn: Conn, updates: Sequence[tuple[bytes, str, str, st
 async def sealed(conn: Conn) -> list[tuple[Any, ...]]:
     """Every sealed probe: key and sealed vector."""
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector FROM deletion_probes"
+        cross_tenant("key-rotation")
+        + "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector FROM deletion_probes"
         " WHERE sealed_vector IS NOT NULL"
     )
     return list(await cursor.fetchall())

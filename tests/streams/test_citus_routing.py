@@ -99,6 +99,12 @@ def scenario(env: Env, f: EventFactory) -> None:
         ["subject", "pause", "--tenant", "globex", "--subject", "user:alice", "--reason", "x"],
         ["subject", "resume", "--tenant", "globex", "--subject", "user:alice", "--reason", "y"],
         ["recall", "--tenant", "acme", "--subject", "user:alice"],
+        ["retention", "set", "--tenant", "acme", "--class", "*", "--period", "90d"],
+        ["retention", "report", "--tenant", "acme"],
+        ["hold", "add", "--tenant", "acme", "--subject", "user:alice", "--reason", "litigation"],
+        ["hold", "list", "--tenant", "acme"],
+        ["deletion", "list", "--tenant", "acme"],
+        ["keys", "status"],
     ):
         result = CliRunner().invoke(cli, command, env=environment)
         assert result.exit_code == 0, f"{command}: {result.output}"
