@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from projections.access.policy import ReadDecision
 from projections.bookkeeping import Conn
 from projections.deletion.erasure import ErasureScope
+from projections.distribution import cross_tenant
 
 
 def subject_read(subject_type: str, subject_id: str) -> str:
@@ -60,7 +61,10 @@ async def record(conn: Conn, entry: AuditEntry) -> None:
 
 async def trim(conn: Conn, now: datetime, retention: timedelta) -> int:
     """Delete the rows older than the retention; how many."""
-    cursor = await conn.execute("DELETE FROM api_read_audit WHERE at < %s", (now - retention,))
+    cursor = await conn.execute(
+        cross_tenant("read-audit-trim") + "DELETE FROM api_read_audit WHERE at < %s",
+        (now - retention,),
+    )
     return cursor.rowcount
 
 

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 
 from projections.bookkeeping import Conn
 from projections.deletion.erasure import ErasureScope
+from projections.distribution import cross_tenant
 from projections.redaction import redact_text
 
 Action = Literal["pause", "resume"]
@@ -153,7 +154,8 @@ async def check_serving(conn: Conn, tenant_id: str, subject_type: str, subject_i
 async def list_pauses(conn: Conn, tenant_id: str | None = None) -> list[Pause]:
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            "SELECT tenant_id, subject_type, subject_id, paused_at, paused_by FROM subject_pauses"
+            cross_tenant("operator-listing")
+            + "SELECT tenant_id, subject_type, subject_id, paused_at, paused_by FROM subject_pauses"
             " WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s"
             " ORDER BY tenant_id, paused_at, subject_type, subject_id",
             {"tenant": tenant_id},

@@ -10,6 +10,7 @@ from psycopg.rows import dict_row
 
 from projections.access.policy import PurposePolicy
 from projections.bookkeeping import Conn
+from projections.distribution import cross_tenant
 
 
 def _policy(row: dict[str, Any]) -> PurposePolicy:
@@ -61,7 +62,8 @@ async def set_policy(
 async def list_policies(conn: Conn, tenant_id: str | None = None) -> list[PurposePolicy]:
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            "SELECT tenant_id, purpose, kinds, scopes, conversations FROM api_purposes"
+            cross_tenant("operator-listing")
+            + "SELECT tenant_id, purpose, kinds, scopes, conversations FROM api_purposes"
             " WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s ORDER BY tenant_id, purpose",
             {"tenant": tenant_id},
         )

@@ -15,6 +15,7 @@ from datetime import datetime
 from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deletion.erasure import ErasureScope
+from projections.distribution import cross_tenant
 from projections.memory import store as memory_store
 
 
@@ -69,7 +70,8 @@ async def flags_of(conn: Conn, tenant_id: str, memory_id: str) -> list[EvidenceF
 async def flagged_memories(conn: Conn) -> int:
     """How many memories are flagged (the gauge)."""
     cursor = await conn.execute(
-        "SELECT count(DISTINCT (tenant_id, memory_id)) FROM memory_evidence_flags"
+        cross_tenant("review-gauges")
+        + "SELECT count(DISTINCT (tenant_id, memory_id)) FROM memory_evidence_flags"
     )
     row = await cursor.fetchone()
     return 0 if row is None else int(row[0])

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
 from projections.deletion import probes
 from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
+from projections.distribution import cross_tenant
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 
@@ -121,7 +122,8 @@ async def overdue(
     would otherwise be sent twice at once, and under load every store would do each of
     those erasures twice."""
     cursor = await conn.execute(
-        "SELECT a.tenant_id, a.deletion_id, a.store FROM deletion_store_acks a"
+        cross_tenant("redelivery")
+        + "SELECT a.tenant_id, a.deletion_id, a.store FROM deletion_store_acks a"
         " JOIN deletion_requests r USING (tenant_id, deletion_id)"
         " WHERE a.status <> 'done' AND a.deadline_at < %s"
         " AND coalesce(a.last_redelivered_at, r.recorded_at) < %s"
@@ -174,7 +176,8 @@ async def purge_unlock(conn: Conn) -> None:
 async def completed_unscheduled(conn: Conn, limit: int = 500) -> list[Tombstone]:
     """Completed deletions whose places are not written yet, oldest first."""
     cursor = await conn.execute(
-        "SELECT tombstone FROM deletion_requests WHERE status = 'completed'"
+        cross_tenant("purge-schedule")
+        + "SELECT tombstone FROM deletion_requests WHERE status = 'completed'"
         " AND purged_at IS NULL AND purge_due_at IS NULL ORDER BY completed_at LIMIT %s",
         (limit,),
     )
@@ -207,7 +210,7 @@ async def due_purges(
 ) -> list[tuple[Tombstone, dict[str, Any]]]:
     """The deletions not purged yet at ``place``, oldest first: tombstone and mark."""
     cursor = await conn.execute(
-        "SELECT r.tombstone, p.mark FROM deletion_purges p"
+        cross_tenant("purge-due") + "SELECT r.tombstone, p.mark FROM deletion_purges p"
         " JOIN deletion_requests r USING (tenant_id, deletion_id)"
         " WHERE p.place = %s AND p.purged_at IS NULL ORDER BY p.due_at LIMIT %s",
         (place, limit),
@@ -227,7 +230,7 @@ async def mark_purged(conn: Conn, place: str, keys: Iterable[RequestKey], now: d
 async def finish_purged(conn: Conn, now: datetime) -> list[RequestKey]:
     """Every due deletion whose places are all purged is purged now; returns them."""
     cursor = await conn.execute(
-        "UPDATE deletion_requests r SET purged_at = %s"
+        cross_tenant("purge-finish") + "UPDATE deletion_requests r SET purged_at = %s"
         " WHERE r.purge_due_at IS NOT NULL AND r.purged_at IS NULL AND NOT EXISTS"
         " (SELECT 1 FROM deletion_purges p WHERE p.tenant_id = r.tenant_id"
         " AND p.deletion_id = r.deletion_id AND p.purged_at IS NULL)"
@@ -309,7 +312,9 @@ async def request_detail(conn: Conn, tenant_id: str, deletion_id: str) -> dict[s
 
 async def tenants_of(conn: Conn, deletion_id: str) -> list[str]:
     cursor = await conn.execute(
-        "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1", (deletion_id,)
+        cross_tenant("operator-listing")
+        + "SELECT tenant_id FROM deletion_requests WHERE deletion_id = %s ORDER BY 1",
+        (deletion_id,),
     )
     return [row[0] for row in await cursor.fetchall()]
 
@@ -319,7 +324,8 @@ async def list_requests(
 ) -> list[dict[str, Any]]:
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(
-            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
+            cross_tenant("operator-listing")
+            + "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id, r.status,"
             " r.cut_off, r.deadline_at, r.completed_at, r.verified_at,"
             " coalesce(array_agg(a.store ORDER BY a.store)"
             "   FILTER (WHERE a.status <> 'done'), '{}') AS waiting_for"
@@ -334,7 +340,7 @@ async def list_requests(
 
 async def unverified(conn: Conn, limit: int = 20) -> list[tuple[str, str]]:
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id FROM deletion_requests"
+        cross_tenant("verification") + "SELECT tenant_id, deletion_id FROM deletion_requests"
         " WHERE status = 'completed' AND verified_at IS NULL ORDER BY completed_at LIMIT %s",
         (limit,),
     )
@@ -352,7 +358,8 @@ async def pending_by_store(conn: Conn, now: datetime) -> dict[str, PendingDeleti
     """Per store: tombstones not yet acknowledged, the age of the oldest, and how many are past
     their deadline."""
     cursor = await conn.execute(
-        "SELECT a.store, count(*), min(r.cut_off), count(*) FILTER (WHERE a.deadline_at < %s)"
+        cross_tenant("deletion-gauges")
+        + "SELECT a.store, count(*), min(r.cut_off), count(*) FILTER (WHERE a.deadline_at < %s)"
         " FROM deletion_store_acks a JOIN deletion_requests r USING (tenant_id, deletion_id)"
         " WHERE a.status <> 'done' GROUP BY a.store",
         (now,),
@@ -373,7 +380,8 @@ async def unpurged_by_place(conn: Conn, now: datetime) -> dict[str, Unpurged]:
     """Per place a copy can remain: completed deletions not purged there yet, and the age of
     the oldest (since its request)."""
     cursor = await conn.execute(
-        "SELECT p.place, count(*), min(r.cut_off) FROM deletion_purges p"
+        cross_tenant("deletion-gauges")
+        + "SELECT p.place, count(*), min(r.cut_off) FROM deletion_purges p"
         " JOIN deletion_requests r USING (tenant_id, deletion_id)"
         " WHERE p.purged_at IS NULL GROUP BY p.place"
     )

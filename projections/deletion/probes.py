@@ -10,6 +10,7 @@ from typing import Any
 
 from projections.bookkeeping import Conn, copy_rows
 from projections.deletion.ledger import LedgerEntry
+from projections.distribution import cross_tenant
 from projections.sealing.probes import ProbeSealer
 
 ProbeId = tuple[str, str, str, str]
@@ -68,7 +69,7 @@ async def drop_expired_probes(conn: Conn, now: datetime) -> int:
     that never acknowledges must not keep vectors of the erased text alive. The deadline is the
     request's: one statement reading the ledger, so that no probe outlives it between two."""
     cursor = await conn.execute(
-        "DELETE FROM deletion_probes p USING deletion_requests r"
+        cross_tenant("probe-expiry") + "DELETE FROM deletion_probes p USING deletion_requests r"
         " WHERE r.tenant_id = p.tenant_id AND r.deletion_id = p.deletion_id"
         " AND r.deadline_at <= %s",
         (now,),
@@ -85,7 +86,8 @@ async def lock_sealed_batch(conn: Conn, after: ProbeId | None, limit: int) -> li
         else " AND (tenant_id, deletion_id, item_type, item_id) > (%s, %s, %s, %s)"
     )
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector"
+        cross_tenant("key-rotation")
+        + "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector"
         f" FROM deletion_probes WHERE sealed_vector IS NOT NULL{where}"
         " ORDER BY tenant_id, deletion_id, item_type, item_id LIMIT %s"
         " FOR UPDATE SKIP LOCKED",
@@ -108,7 +110,8 @@ async def replace_sealed(conn: Conn, updates: Sequence[tuple[bytes, str, str, st
 async def sealed(conn: Conn) -> list[tuple[Any, ...]]:
     """Every sealed probe: key and sealed vector."""
     cursor = await conn.execute(
-        "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector FROM deletion_probes"
+        cross_tenant("key-rotation")
+        + "SELECT tenant_id, deletion_id, item_type, item_id, sealed_vector FROM deletion_probes"
         " WHERE sealed_vector IS NOT NULL"
     )
     return list(await cursor.fetchall())

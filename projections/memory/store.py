@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
 from projections.deletion.erasure import ErasureScope
+from projections.distribution import cross_tenant
 from projections.memory.reducer import BatchResult, MemoryKey, MemoryVersion
 from topics.outputs import ELIGIBLE_STATUSES, MemoryRecord, MemoryStatus
 
@@ -428,7 +429,8 @@ async def review_queue(conn: Conn, now: datetime) -> dict[str, tuple[int, float]
     # memory_versions (ops/decisions/governed-writes.md, "Review surfaces"). Refreshed every
     # second, this grows with the queue, never with the history.
     cursor = await conn.execute(
-        "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(("
+        cross_tenant("review-gauges")
+        + "SELECT m.tenant_id, count(*), extract(epoch FROM %s - min(("
         " SELECT v.occurred_at FROM memory_versions v WHERE v.tenant_id = m.tenant_id"
         " AND v.memory_id = m.memory_id AND v.version = coalesce(m.head_version, m.version))))"
         f" FROM memories m WHERE {_HELD} GROUP BY m.tenant_id",

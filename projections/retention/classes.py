@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
+from projections.distribution import cross_tenant
 from projections.retention.schedule import Period, Policy
 
 
@@ -50,7 +51,8 @@ async def clear_class(conn: Conn, tenant_id: str, retention_class: str) -> bool:
 
 async def list_classes(conn: Conn, tenant_id: str | None = None) -> list[ClassRow]:
     cursor = await conn.execute(
-        "SELECT tenant_id, retention_class, period_seconds, updated_at, updated_by"
+        cross_tenant("operator-listing")
+        + "SELECT tenant_id, retention_class, period_seconds, updated_at, updated_by"
         " FROM retention_classes WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s"
         " ORDER BY tenant_id, retention_class",
         {"tenant": tenant_id},

@@ -14,6 +14,7 @@ from typing import Literal
 from projections.bookkeeping import Conn
 from projections.deletion import store as deletion_store
 from projections.deletion.ledger import HeldBy, ResolvedTarget, held_by
+from projections.distribution import cross_tenant
 from topics.deletion import DeletionTarget
 
 HoldTarget = Literal["subject", "conversation"]
@@ -110,7 +111,7 @@ async def list_holds(
     conn: Conn, tenant_id: str | None = None, *, include_released: bool = False
 ) -> list[Hold]:
     cursor = await conn.execute(
-        f"SELECT {_COLUMNS} FROM legal_holds"
+        cross_tenant("operator-listing") + f"SELECT {_COLUMNS} FROM legal_holds"
         " WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)"
         " AND (%(all)s OR released_at IS NULL) ORDER BY tenant_id, held_at, hold_id",
         {"tenant": tenant_id, "all": include_released},

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
+from projections.distribution import cross_tenant
 from projections.retention.schedule import (
     TENANT_DEFAULT,
     ClassReceipt,
@@ -46,7 +47,8 @@ async def conversation_candidates(
     """Live conversations past their period by ``now`` whose erasure at that due time was
     not issued yet, oldest due first."""
     cursor = await conn.execute(
-        "SELECT tenant_id, conversation_id, retention_class, started_at, last_message_at FROM ("
+        cross_tenant("retention-round")
+        + "SELECT tenant_id, conversation_id, retention_class, started_at, last_message_at FROM ("
         " SELECT c.*, coalesce(c.last_message_at, c.started_at)"
         f" + make_interval(secs => {_PERIOD}) AS due_at"
         f" FROM conversations c{_CLASSES}) c"
@@ -64,7 +66,7 @@ async def memory_candidates(
 ) -> list[MemoryDue]:
     """Live memories ``grace`` past their expiry by ``now`` whose erasure was not issued."""
     cursor = await conn.execute(
-        "SELECT tenant_id, memory_id, expires_at FROM memories m"
+        cross_tenant("retention-round") + "SELECT tenant_id, memory_id, expires_at FROM memories m"
         " WHERE expires_at IS NOT NULL AND expires_at + %(grace)s <= %(now)s"
         " AND NOT EXISTS (SELECT 1 FROM retention_issued i WHERE i.tenant_id = m.tenant_id"
         " AND i.target_type = 'memory' AND i.target_id = m.memory_id"
@@ -135,7 +137,7 @@ async def receipt(
     ``EXPIRED_MEMORIES``."""
     params = {"global": _seconds(global_default), "now": now, "tenant": tenant_id}
     cursor = await conn.execute(
-        "SELECT tenant_id, class, max(period),"
+        cross_tenant("retention-receipt") + "SELECT tenant_id, class, max(period),"
         " count(*) FILTER (WHERE period IS NULL OR due_at > %(now)s) - count(*) FILTER"
         " (WHERE held AND (period IS NULL OR due_at > %(now)s)),"
         " count(*) FILTER (WHERE held),"
@@ -152,7 +154,8 @@ async def receipt(
             max(0.0, float(oldest or 0.0)) if due else 0.0,
         )  # fmt: skip
     cursor = await conn.execute(
-        f"SELECT i.tenant_id, coalesce(i.retention_class, %(expired)s), {_PERIOD},"
+        cross_tenant("retention-receipt")
+        + f"SELECT i.tenant_id, coalesce(i.retention_class, %(expired)s), {_PERIOD},"
         " count(*) FILTER (WHERE r.completed_at IS NOT NULL"
         " AND r.completed_at <= r.deadline_at),"
         " count(*) FILTER (WHERE r.completed_at > r.deadline_at),"

@@ -24,6 +24,7 @@ from typing import Any
 
 from projections.bookkeeping import Conn, keyset, keyset_param
 from projections.deletion.erasure import ErasureScope
+from projections.distribution import cross_tenant
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
     KeyWrapping,
@@ -151,7 +152,8 @@ async def rewrap_batch(conn: Conn, store: KeyStore, limit: int) -> Rewrapped:
 
     return await rewrap_keys(
         conn,
-        "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
+        cross_tenant("key-rotation")
+        + "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
         " FROM entity_keys WHERE master_key_id <> %s OR wrap_format <> %s"
         " ORDER BY tenant_id, entity_type, entity_id LIMIT %s FOR UPDATE SKIP LOCKED",
         (store.key_id, WRAP_FORMAT, limit),
@@ -164,7 +166,7 @@ async def rewrap_batch(conn: Conn, store: KeyStore, limit: int) -> Rewrapped:
 async def count_not_newest(conn: Conn, store: KeyStore) -> dict[str, int]:
     """Data keys per master key id other than the newest's (or in an older format)."""
     cursor = await conn.execute(
-        "SELECT master_key_id, count(*) FROM entity_keys"
+        cross_tenant("key-rotation") + "SELECT master_key_id, count(*) FROM entity_keys"
         " WHERE master_key_id <> %s OR wrap_format <> %s GROUP BY master_key_id",
         (store.key_id, WRAP_FORMAT),
     )

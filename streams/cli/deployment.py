@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from projections.distribution import citus_sql
 from streams.cli.common import echo_json
 from streams.deployment.compose import MissingBlock, compose_file
 from streams.deployment.kubernetes import WORKERS_DIRECTORY, kubernetes_files
@@ -92,6 +93,20 @@ def settings_doc(out: Path) -> None:
     description, in its group."""
     out.parent.mkdir(parents=True, exist_ok=True)
     _write(out, settings_reference())
+
+
+@deploy.command("citus")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("ops/citus/distribute.sql"),
+    show_default=True,
+)
+def citus(out: Path) -> None:
+    """Write the Citus distribution script: every tenant table distributed by tenant_id and
+    co-located, the tables without a tenant made reference tables (projections.distribution)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write(out, citus_sql())
 
 
 def _write(path: Path, text: str) -> None:

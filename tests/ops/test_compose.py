@@ -107,6 +107,25 @@ def test_the_file_validates_against_the_compose_specification() -> None:
     assert not jsonschema.Draft7Validator(COMPOSE_SPEC).is_valid(broken)
 
 
+def test_the_citus_profile_runs_a_coordinator_and_workers_and_distributes_the_tables() -> None:
+    citus = {name for name, service in SERVICES.items() if "citus" in service.get("profiles", [])}
+    assert citus == {"citus-coordinator", "citus-worker-1", "citus-worker-2", "citus-init"}
+    for name in citus:
+        assert SERVICES[name]["image"].startswith("citusdata/citus:")
+    init = SERVICES["citus-init"]
+    script = " ".join(init["entrypoint"])
+    for worker in ("citus-worker-1", "citus-worker-2"):
+        assert f"citus_add_node('{worker}', 5432)" in script
+        assert init["depends_on"][worker] == {"condition": "service_healthy"}
+    # The tables exist (memproj db migrate) before they are distributed, by the committed script.
+    assert init["depends_on"]["memproj-init"] == {"condition": "service_completed_successfully"}
+    assert "./ops/citus:/citus:ro" in init["volumes"]
+    assert "-f /citus/distribute.sql" in script
+    assert (REPO / "ops" / "citus" / "distribute.sql").is_file()
+    # Beside the default stack, never in its way: its own published port.
+    assert host_ports("citus-coordinator").isdisjoint(host_ports("postgres"))
+
+
 def test_every_worker_kind_runs_with_its_metrics_port_and_is_scraped() -> None:
     jobs = scrape_jobs("prometheus.docker.yml")
     assert jobs["memproj"]["file_sd_configs"] == [{"files": ["targets/*.json"]}]

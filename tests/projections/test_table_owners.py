@@ -13,11 +13,11 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from support.migrations import migration_tables
+
 ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS = ROOT / "projections" / "migrations"
 SCANNED = ("projections", "streams")
 
-CREATE_TABLE = re.compile(r"create\s+table\s+(?:if\s+not\s+exists\s+)?(\w+)", re.IGNORECASE)
 SQL_VERB = r"(?:from|into|update|join|using|table|exists)"
 
 # (module, table): why this module may hold SQL naming a table it does not own.
@@ -53,13 +53,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("streams/cli/demo.py", "rejections"): DEMO,
     ("projections/retention/store.py", "retention_classes"): SCHEDULE,
 }
-
-
-def migration_tables() -> set[str]:
-    tables: set[str] = set()
-    for migration in sorted(MIGRATIONS.glob("*.sql")):
-        tables.update(name.lower() for name in CREATE_TABLE.findall(migration.read_text()))
-    return tables
 
 
 def string_literals(source: str) -> list[str]:

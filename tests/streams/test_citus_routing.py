@@ -1,0 +1,204 @@
+"""Every statement memproj runs can be routed by Citus to one tenant's shard: a scenario of the
+workers, the CLI and the API over two tenants, recorded by pg_stat_statements and checked
+statement by statement against projections.distribution (tests/support/routing.py).
+
+Also on the migrated schema: every distributed table's primary key starts with tenant_id and
+every unique index holds it, as Citus requires of a table sharded by it, and the distribution
+script runs on it (Citus's functions stood in for, since Citus cannot be installed here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from conftest import Env, settings_environment
+
+from projections.access.proposals import DELETE, PROPOSE
+from projections.distribution import CROSS_TENANT, Placement, citus_sql, placed
+from streams.cli import cli
+from streams.sample import EventFactory
+from support.api_server import serving
+from support.deletion_scenario import ALICE, BOB, recent_factory
+from support.routing import judge
+from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
+
+pytestmark = pytest.mark.integration
+
+# The tables the workers look up for a batch of several tenants' keys in one statement.
+BATCHED_TABLES = {
+    "admission_policies",
+    "conversation_context",
+    "conversation_messages",
+    "conversation_summaries",
+    "conversations",
+    "deletion_requests",
+    "deletion_store_acks",
+    "entity_keys",
+    "erased_entities",
+    "memories",
+    "memory_versions",
+    "processed_events",
+}
+
+
+def scenario(env: Env, f: EventFactory) -> None:
+    """Two tenants' memories and conversations through the workers, reads and a deletion
+    through the API, an operator's look through the CLI."""
+    tenants = ("acme", "globex")
+    env.start("memory", "conversation", "deletion")
+    for tenant in tenants:
+        env.produce_events(
+            [
+                f.started(tenant, "c1", ALICE),
+                f.message(tenant, "c1", "m1", "user", "I am allergic to peanuts"),
+                f.message(tenant, "c1", "m2", "assistant", "Noted."),
+                f.summary(tenant, "c1", 1, "Allergic to peanuts.", ["m1", "m2"]),
+            ],
+            CONVERSATION_EVENTS,
+        )
+        env.produce_events(
+            [
+                f.proposed(tenant, "mem_a", ALICE, {"text": "allergic to peanuts"}),
+                f.proposed(tenant, "mem_b", BOB, {"text": "plays tennis"}),
+                f.revoked(tenant, "mem_b", "wrong"),
+            ],
+            MEMORY_EVENTS,
+        )
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    env.wait_caught_up(MEMORY_EVENTS, "memory")
+    with serving(env) as api:
+        api.set_purpose("acme", "support", conversations=True)
+        key = api.create_key("acme", [PROPOSE, DELETE, "support"], actor="agent:support_agent")
+        with api.client(key.token) as client:
+            recall = client.get(
+                f"/v1/subjects/{ALICE[0]}/{ALICE[1]}/memories", params={"purpose": "support"}
+            )
+            assert recall.status_code == 200, recall.text
+            event = f.proposed("acme", "mem_c", ALICE, {"text": "likes tea"})
+            assert client.post("/v1/memory-events", json=event).status_code == 202
+            deletion = client.post(
+                "/v1/deletions",
+                json={
+                    "target": {"type": "subject", "id": BOB[1], "subject_type": BOB[0]},
+                    "reason": "asked to be forgotten",
+                },
+            )
+            assert deletion.status_code == 202, deletion.text
+            status_url = deletion.json()["status_url"]
+
+            def recorded() -> bool:
+                return bool(client.get(status_url).status_code == 200)
+
+            env.wait_until(recorded, "the deletion recorded")
+    environment = settings_environment(env.settings)
+    for command in (
+        ["memory", "show", "--tenant", "acme", "--memory-id", "mem_a", "--history"],
+        ["conversation", "show", "--tenant", "globex", "--conversation", "c1"],
+        ["subject", "pause", "--tenant", "globex", "--subject", "user:alice", "--reason", "x"],
+        ["subject", "resume", "--tenant", "globex", "--subject", "user:alice", "--reason", "y"],
+        ["recall", "--tenant", "acme", "--subject", "user:alice"],
+        ["retention", "set", "--tenant", "acme", "--class", "*", "--period", "90d"],
+        ["retention", "report", "--tenant", "acme"],
+        ["hold", "add", "--tenant", "acme", "--subject", "user:alice", "--reason", "litigation"],
+        ["hold", "list", "--tenant", "acme"],
+        ["deletion", "list", "--tenant", "acme"],
+        ["keys", "status"],
+    ):
+        result = CliRunner().invoke(cli, command, env=environment)
+        assert result.exit_code == 0, f"{command}: {result.output}"
+
+
+def recorded_statements(env: Env) -> list[tuple[str, int]]:
+    with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT s.query, s.calls::int FROM public.pg_stat_statements s"
+            " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database()"
+        ).fetchall()
+    return [(str(query), int(calls)) for query, calls in rows]
+
+
+def reset_statements(env: Env) -> None:
+    with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
+        preloaded = conn.execute("SHOW shared_preload_libraries").fetchone()
+        assert preloaded and "pg_stat_statements" in str(preloaded[0]), (
+            "PostgreSQL runs without pg_stat_statements: ops/stack up restarts it with it"
+        )
+        conn.execute("SELECT public.pg_stat_statements_reset()")
+
+
+def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(env: Env) -> None:
+    reset_statements(env)
+    scenario(env, recent_factory())
+    statements = recorded_statements(env)
+    verdicts = [judge(query) for query, _ in statements]
+    unroutable = [f"{v.problems}\n    {v.query}" for v in verdicts if not v.routable]
+    assert unroutable == [], "statements Citus cannot route to one tenant:\n" + "\n".join(
+        unroutable
+    )
+    # The scenario did reach the tenant tables (not an empty pass).
+    routed = " ".join(v.query for v in verdicts if v.cross_tenant is None)
+    for table in ("memories", "conversation_messages", "deletion_requests", "api_read_audit"):
+        assert table in routed, f"the scenario ran no statement on {table}"
+    assert {v.cross_tenant for v in verdicts} - {None} <= set(CROSS_TENANT)
+    # The batch lookups (several tenants' keys in one statement) are the one kind left that
+    # Citus runs on every shard: named here so that the count can only go down
+    # (ops/decisions/citus.md, "Batches").
+    batched = sorted({table for v in verdicts for table in v.batch})
+    assert set(batched) <= BATCHED_TABLES, f"new batch lookups of several tenants: {batched}"
+
+
+def test_distributed_tables_have_tenant_first_keys_and_tenant_unique_indexes(env: Env) -> None:
+    with env.connect() as conn:
+        rows = conn.execute(
+            "SELECT c.relname, i.indisprimary,"
+            " array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+            "       JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum"
+            "       ORDER BY k.n)::text[]"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+            " WHERE c.relnamespace = current_schema()::regnamespace AND i.indisunique"
+        ).fetchall()
+    keys: dict[str, list[str]] = {}
+    wrong = []
+    for table, primary, columns in rows:
+        if table not in placed(Placement.DISTRIBUTED):
+            continue
+        if primary:
+            keys[table] = columns
+        if "tenant_id" not in columns:
+            wrong.append(f"{table}: unique ({', '.join(columns)}) without tenant_id")
+    for table in placed(Placement.DISTRIBUTED):
+        if keys.get(table, [""])[0] != "tenant_id":
+            wrong.append(f"{table}: primary key {keys.get(table)} does not start with tenant_id")
+    assert wrong == []
+
+
+def test_the_distribution_script_runs_on_the_migrated_schema(env: Env) -> None:
+    """Citus's catalog and functions stood in for by a table and two recording functions:
+    the script names only tables that exist, distributes each once, and a second run (after a
+    migration that adds none) changes nothing."""
+    stand_in = (
+        "CREATE TABLE pg_dist_partition (logicalrelid regclass PRIMARY KEY, call text);"
+        "CREATE FUNCTION create_distributed_table(t regclass, col text, colocate_with text"
+        " DEFAULT 'default') RETURNS void LANGUAGE sql AS"
+        " $$ INSERT INTO pg_dist_partition VALUES (t, 'distributed ' || col || ' ' ||"
+        " colocate_with) $$;"
+        "CREATE FUNCTION create_reference_table(t regclass) RETURNS void LANGUAGE sql AS"
+        " $$ INSERT INTO pg_dist_partition VALUES (t, 'reference') $$;"
+    )
+    script = citus_sql().replace("CREATE EXTENSION IF NOT EXISTS citus;\n", "")
+    with env.connect() as conn:
+        conn.execute(stand_in)
+        conn.execute(script)
+        conn.execute(script)
+        calls: dict[str, Any] = dict(
+            conn.execute("SELECT logicalrelid::text, call FROM pg_dist_partition").fetchall()
+        )
+    assert calls["memories"] == "distributed tenant_id default"
+    for table in placed(Placement.DISTRIBUTED):
+        if table != "memories":
+            assert calls[table] == "distributed tenant_id memories", table
+    for table in placed(Placement.REFERENCE):
+        assert calls[table] == "reference"
+    assert not set(calls) & set(placed(Placement.COORDINATOR))
