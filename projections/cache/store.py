@@ -8,35 +8,45 @@ too; a scan walks the whole keyspace (every namespace's keys), so it is for the 
 verification probe and the ghost audit, not for a tombstone's acknowledgement
 (ops/decisions/cache-erasure.md).
 
-Keys (every part escaped by ``key_part``)::
+Keys (every part escaped by ``key_part``; ``<ns>`` is the namespace, ``{<tenant>}`` the
+tenant in braces)::
 
-    {ns}:cache:{tenant}:recall:{subject_type}:{subject_id}:{query_key}
-    {ns}:cache:{tenant}:context:{conversation_id}
-    {ns}:index:{tenant}:subject:{subject_type}:{subject_id}   a set of cache keys
-    {ns}:index:{tenant}:memory:{memory_id}                    a set of cache keys
-    {ns}:index:{tenant}:conversation:{conversation_id}        a set of cache keys
+    <ns>:cache:{<tenant>}:recall:<subject_type>:<subject_id>:<query_key>
+    <ns>:cache:{<tenant>}:context:<conversation_id>
+    <ns>:index:{<tenant>}:subject:<subject_type>:<subject_id>   a set of cache keys
+    <ns>:index:{<tenant>}:memory:<memory_id>                    a set of cache keys
+    <ns>:index:{<tenant>}:conversation:<conversation_id>        a set of cache keys
+
+The braces are a Redis Cluster hash tag: every key of a tenant hashes to the slot of its tenant
+alone, so each transaction (an entry and its indexes; an invalidation's deletions) touches one
+slot, on a single Redis and on a cluster alike (``connect``; ops/decisions/redis-cluster.md).
+Every other brace is escaped, so the tenant's are always the first pair.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from topics.envelope import source_conversation
 
 Subject = tuple[str, str]
+# A single Redis or a Redis Cluster (``connect``): the cache and the audit use either alike.
+RedisClient = Redis | RedisCluster
 
 READ_BATCH = 500
 UNREADABLE: dict[str, Any] = {"unreadable": True}
 
 # ':' separates key parts and '%' starts an escape, so escaping both keeps keys unambiguous
-# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); the others are glob
-# metacharacters, escaped so that no id can widen a SCAN pattern built from a key.
-_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:*?[]\\"})
+# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); braces, so that the only
+# hash tag of a key is its tenant's; the others are glob metacharacters, escaped so that no id
+# can widen a SCAN pattern built from a key.
+_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:{}*?[]\\"})
 _GLOB_ESCAPES = str.maketrans({char: "\\" + char for char in "*?[]\\"})
 
 
@@ -47,6 +57,21 @@ def key_part(text: str) -> str:
 def build_key(*parts: str) -> str:
     """The one place a Redis key is made."""
     return ":".join(map(key_part, parts))
+
+
+def hash_tag(tenant_id: str) -> str:
+    """The key part that places a tenant's keys in one Redis Cluster slot: its escaped id in
+    braces. Never empty braces (Redis would hash the whole key): a tenant id is not empty."""
+    if not tenant_id:
+        raise ValueError("a tenant id is not empty")
+    return "{" + key_part(tenant_id) + "}"
+
+
+def tenant_key(namespace: str, kind: str, tenant_id: str, *parts: str) -> str:
+    """A key of one tenant (``build_key`` with the tenant's hash tag as its third part)."""
+    return ":".join(
+        [key_part(namespace), key_part(kind), hash_tag(tenant_id), *map(key_part, parts)]
+    )
 
 
 def glob_literal(text: str) -> str:
@@ -156,24 +181,31 @@ class TenantKeys:
     namespace: str
     tenant_id: str
 
+    def _key(self, kind: str, *parts: str) -> str:
+        return tenant_key(self.namespace, kind, self.tenant_id, *parts)
+
     def recall(self, subject: Subject, query_key: str) -> str:
-        return build_key(self.namespace, "cache", self.tenant_id, "recall", *subject, query_key)
+        return self._key("cache", "recall", *subject, query_key)
 
     def context(self, conversation_id: str) -> str:
-        return build_key(self.namespace, "cache", self.tenant_id, "context", conversation_id)
+        return self._key("cache", "context", conversation_id)
+
+    def cache_prefix(self) -> str:
+        """What every cache entry's key of this tenant starts with, and no other key."""
+        return self._key("cache") + ":"
 
     def cache_pattern(self) -> str:
         """SCAN pattern matching every cache entry of this tenant and nothing else."""
-        return glob_literal(build_key(self.namespace, "cache", self.tenant_id)) + ":*"
+        return glob_literal(self.cache_prefix()) + "*"
 
     def subject_index(self, subject: Subject) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "subject", *subject)
+        return self._key("index", "subject", *subject)
 
     def memory_index(self, memory_id: str) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "memory", memory_id)
+        return self._key("index", "memory", memory_id)
 
     def conversation_index(self, conversation_id: str) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "conversation", conversation_id)
+        return self._key("index", "conversation", conversation_id)
 
     def indexes(self, holdings: Holdings) -> list[str]:
         return [
@@ -234,7 +266,11 @@ class RecallCache(Protocol):
     async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]: ...
 
 
-def connect(url: str) -> Redis:
+def connect(url: str, cluster: bool = False) -> RedisClient:
+    """A client of the Redis at ``url``, or of the Redis Cluster one of whose nodes it names
+    (redis-py's ``RedisCluster`` finds the others and routes each key to its slot's master)."""
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=False)
     return Redis.from_url(url, decode_responses=False)
 
 
@@ -242,7 +278,9 @@ class RedisCache:
     """Recall results and context views of every tenant, each entry expiring after
     ``ttl_seconds`` and indexed under each subject, memory and conversation it holds."""
 
-    def __init__(self, redis: Redis, ttl_seconds: int = 300, namespace: str = "memproj") -> None:
+    def __init__(
+        self, redis: RedisClient, ttl_seconds: int = 300, namespace: str = "memproj"
+    ) -> None:
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be positive, not {ttl_seconds}")
         self._redis = redis
@@ -296,7 +334,8 @@ class RedisCache:
 
     async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]:
         """``invalidate`` of each (tenant, targets), in two round trips for them all: the
-        indexes read in one pipeline, the entries deleted in one transaction. How many
+        indexes read in one pipeline, then each tenant's entries deleted in one transaction
+        of its own (its keys share a slot), the tenants' transactions at once. How many
         entries each deleted, counted as if one after the other (an entry two erasures
         share counts for the first)."""
         keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
@@ -310,19 +349,39 @@ class RedisCache:
             )
             for tenant, targets in keys
         ]
-        if not any(doomed):
-            return [0] * len(erasures)
+        positions: dict[str, list[int]] = {}
+        read: dict[str, dict[str, set[str]]] = {}
+        for position, (tenant, targets) in enumerate(keys):
+            if doomed[position]:
+                positions.setdefault(tenant.tenant_id, []).append(position)
+                found = read.setdefault(tenant.tenant_id, {})
+                found.update((i, members[i]) for i in tenant.indexes(targets) if members[i])
+        counts = await asyncio.gather(
+            *(
+                self._delete([doomed[p] for p in mine], read[tenant_id])
+                for tenant_id, mine in positions.items()
+            )
+        )
+        deleted = [0] * len(erasures)
+        for mine, tenant_counts in zip(positions.values(), counts, strict=True):
+            for position, count in zip(mine, tenant_counts, strict=True):
+                deleted[position] = count
+        return deleted
+
+    async def _delete(
+        self, entries: Sequence[set[str]], members: Mapping[str, set[str]]
+    ) -> list[int]:
+        """One tenant's invalidation, in one transaction: each set of entries deleted (how
+        many of each existed), and the members read removed from their indexes."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            for entries in doomed:
-                if entries:
-                    pipe.delete(*entries)
+            for each in entries:
+                pipe.delete(*each)
             # Removing only the members read, rather than deleting the sets, keeps an entry that
             # a concurrent put indexed meanwhile; Redis drops each set with its last member.
             for index, found in members.items():
-                if found:
-                    pipe.srem(index, *found)
-            replies = iter(await pipe.execute())
-        return [int(next(replies)) if entries else 0 for entries in doomed]
+                pipe.srem(index, *found)
+            replies = await pipe.execute()
+        return [int(reply) for reply in replies[: len(entries)]]
 
     async def reachable(
         self,
@@ -421,7 +480,8 @@ class RedisCache:
         }
 
     async def _scan(self, pattern: str) -> set[str]:
-        # A set, because SCAN may return a key more than once.
+        # A set, because SCAN may return a key more than once. On a cluster, redis-py scans
+        # every master: a key is found wherever it lives, a slot being migrated included.
         keys = self._redis.scan_iter(match=pattern, count=READ_BATCH)
         return {key.decode() async for key in keys}
 
