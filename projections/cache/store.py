@@ -18,8 +18,8 @@ tenant in braces)::
     <ns>:index:{<tenant>}:conversation:<conversation_id>        a set of cache keys
 
 The braces are a Redis Cluster hash tag: every key of a tenant hashes to the slot of its tenant
-alone, so each transaction (an entry and its indexes; an invalidation's deletions) touches one
-slot, on a single Redis and on a cluster alike (``connect``; ops/decisions/redis-cluster.md).
+alone, so each atomic write (an entry and its indexes; an invalidation's deletions) touches
+one slot, on a single Redis and on a cluster alike (``connect``; ops/decisions/redis-cluster.md).
 Every other brace is escaped, so the tenant's are always the first pair.
 """
 
@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 
 from topics.envelope import source_conversation
 
@@ -69,9 +70,7 @@ def hash_tag(tenant_id: str) -> str:
 
 def tenant_key(namespace: str, kind: str, tenant_id: str, *parts: str) -> str:
     """A key of one tenant (``build_key`` with the tenant's hash tag as its third part)."""
-    return ":".join(
-        [key_part(namespace), key_part(kind), hash_tag(tenant_id), *map(key_part, parts)]
-    )
+    return ":".join([build_key(namespace, kind), hash_tag(tenant_id), *map(key_part, parts)])
 
 
 def glob_literal(text: str) -> str:
@@ -266,6 +265,51 @@ class RecallCache(Protocol):
     async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]: ...
 
 
+# The writes are Lua scripts rather than MULTI/EXEC: as atomic, and one command whose keys (all
+# of one tenant, so of one slot) route it on a cluster; redis-py's asyncio cluster client
+# queues each command of a transaction from a thread of its own, milliseconds of CPU per put
+# (ops/decisions/redis-cluster.md).
+
+# KEYS[1]: the entry; KEYS[2..]: its indexes. ARGV: the value, the TTL. An index must outlive
+# its newest member: GT alone never sets a TTL on a set just created (Redis counts "no TTL"
+# as infinite), hence NX first.
+PUT_SCRIPT = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 2, #KEYS do
+    redis.call('SADD', KEYS[i], KEYS[1])
+    redis.call('EXPIRE', KEYS[i], ARGV[2], 'NX')
+    redis.call('EXPIRE', KEYS[i], ARGV[2], 'GT')
+end
+return 1
+"""
+
+# KEYS: the entries of each group, one group after the other, then the indexes. ARGV: the
+# number of groups, each group's size, then per index its members' count and the members.
+# Answers how many entries of each group existed (an entry in two groups counts for the
+# first). Removing only the members read, rather than deleting the sets, keeps an entry that
+# a concurrent put indexed meanwhile; Redis drops each set with its last member.
+DELETE_SCRIPT = """
+local groups = tonumber(ARGV[1])
+local key, arg, deleted = 1, groups + 2, {}
+for group = 1, groups do
+    local count = 0
+    for _ = 1, tonumber(ARGV[group + 1]) do
+        count = count + redis.call('DEL', KEYS[key])
+        key = key + 1
+    end
+    deleted[group] = count
+end
+for index = key, #KEYS do
+    local members = tonumber(ARGV[arg])
+    for member = arg + 1, arg + members do
+        redis.call('SREM', KEYS[index], ARGV[member])
+    end
+    arg = arg + members + 1
+end
+return deleted
+"""
+
+
 def connect(url: str, cluster: bool = False) -> RedisClient:
     """A client of the Redis at ``url``, or of the Redis Cluster one of whose nodes it names
     (redis-py's ``RedisCluster`` finds the others and routes each key to its slot's master)."""
@@ -286,6 +330,7 @@ class RedisCache:
         self._redis = redis
         self._ttl_seconds = ttl_seconds
         self._namespace = namespace
+        self._scripts: dict[str, AsyncScript] = {}
 
     def _keys(self, tenant_id: str) -> TenantKeys:
         return TenantKeys(self._namespace, tenant_id)
@@ -334,8 +379,8 @@ class RedisCache:
 
     async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]:
         """``invalidate`` of each (tenant, targets), in two round trips for them all: the
-        indexes read in one pipeline, then each tenant's entries deleted in one transaction
-        of its own (its keys share a slot), the tenants' transactions at once. How many
+        indexes read in one pipeline, then each tenant's entries deleted atomically, in one
+        script of its own (its keys share a slot), every tenant's at once. How many
         entries each deleted, counted as if one after the other (an entry two erasures
         share counts for the first)."""
         keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
@@ -371,17 +416,16 @@ class RedisCache:
     async def _delete(
         self, entries: Sequence[set[str]], members: Mapping[str, set[str]]
     ) -> list[int]:
-        """One tenant's invalidation, in one transaction: each set of entries deleted (how
+        """One tenant's invalidation, atomically (one script): each set of entries deleted (how
         many of each existed), and the members read removed from their indexes."""
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for each in entries:
-                pipe.delete(*each)
-            # Removing only the members read, rather than deleting the sets, keeps an entry that
-            # a concurrent put indexed meanwhile; Redis drops each set with its last member.
-            for index, found in members.items():
-                pipe.srem(index, *found)
-            replies = await pipe.execute()
-        return [int(reply) for reply in replies[: len(entries)]]
+        groups = [sorted(each) for each in entries]
+        indexes = list(members)
+        arguments: list[str | int] = [len(groups), *map(len, groups)]
+        for index in indexes:
+            arguments += [len(members[index]), *sorted(members[index])]
+        keys = [key for group in groups for key in group] + indexes
+        replies = await self._script(DELETE_SCRIPT)(keys=keys, args=arguments)
+        return [int(reply) for reply in replies]
 
     async def reachable(
         self,
@@ -411,7 +455,7 @@ class RedisCache:
         """Of each (tenant, targets), the entries that the targets' indexes or their context
         keys name and that hold any of the targets (or cannot be read as an entry), sorted:
         what an invalidation left of the cache's own writes, every one indexed in the
-        transaction that wrote it. In two round trips, however many keys Redis holds; an
+        script that wrote it. In two round trips, however many keys Redis holds; an
         entry written behind the indexes' back is ``reachable_each``'s to find."""
         return await self._holding(erasures, lambda _: set())
 
@@ -459,15 +503,15 @@ class RedisCache:
         return None if value is None else decode_entry(value)
 
     async def _put(self, keys: TenantKeys, key: str, entry: dict[str, Any]) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(key, orjson.dumps(entry), ex=self._ttl_seconds)
-            for index in keys.indexes(holdings_of(entry)):
-                pipe.sadd(index, key)
-                # An index must outlive its newest member. GT alone never sets a TTL on a
-                # set just created (Redis counts "no TTL" as infinite), hence NX first.
-                pipe.expire(index, self._ttl_seconds, nx=True)
-                pipe.expire(index, self._ttl_seconds, gt=True)
-            await pipe.execute()
+        """The entry and its indexes, atomically (one script)."""
+        indexes = keys.indexes(holdings_of(entry))
+        put = self._script(PUT_SCRIPT)
+        await put(keys=[key, *indexes], args=[orjson.dumps(entry), self._ttl_seconds])
+
+    def _script(self, text: str) -> AsyncScript:
+        if text not in self._scripts:
+            self._scripts[text] = self._redis.register_script(text)
+        return self._scripts[text]
 
     async def _members(self, indexes: Sequence[str]) -> dict[str, set[str]]:
         async with self._redis.pipeline(transaction=False) as pipe:
