@@ -23,10 +23,9 @@ import psycopg
 from mode import Service
 from prometheus_client import make_wsgi_app
 from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
+from projections.cache.store import RedisCache, RedisClient
 from projections.cache.store import connect as connect_redis
 from projections.embeddings import factory
 from projections.embeddings.embedder import Embedder
@@ -154,8 +153,8 @@ class StoreSupplies:
         return open_vector_store(self._settings)
 
     @cached_property
-    def redis(self) -> Redis:
-        return connect_redis(self._settings.redis_url)
+    def redis(self) -> RedisClient:
+        return connect_redis(self._settings.redis_url, self._settings.redis_cluster)
 
     @cached_property
     def cache(self) -> RedisCache:

@@ -153,7 +153,18 @@ class Settings(BaseSettings):
         "outside local development give it there, or in MEMPROJ_POSTGRES_PASSWORD_FILE",
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
-    redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis for the cache store")
+    redis_url: str = Field(
+        "redis://127.0.0.1:56379/0",
+        description="Redis for the cache store (and the rate limits' windows with "
+        "MEMPROJ_API_RATE_LIMIT_STORAGE=redis); with MEMPROJ_REDIS_CLUSTER, any node of the "
+        "cluster (database 0)",
+    )
+    redis_cluster: bool = Field(
+        False,
+        description="MEMPROJ_REDIS_URL names a node of a Redis Cluster: the client finds the "
+        "other nodes and sends each key to its slot's master (every key of a tenant shares "
+        "one slot; docs/operations.md)",
+    )
     vector_store: VectorStoreKind = Field(
         "postgres",
         description="where the vectors of memories and messages are kept: postgres (the "

@@ -411,22 +411,60 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
 
 
-@pytest.fixture
-def redis_namespace(stack: Settings) -> Iterator[str]:
-    """A namespace of Redis keys of the test's own, its keys deleted afterwards."""
-    client = redis.Redis.from_url(stack.redis_url)
+@pytest.fixture(scope="session")
+def redis_cluster(stack: Settings) -> Settings:
+    """The stack's settings on a Redis Cluster of three masters (ops/redis/cluster), started
+    here when it is not running: about three seconds, once, for a session that uses it;
+    ``ops/stack down`` stops it with the rest."""
+    script = str(REPO / "ops" / "redis" / "cluster")
+    started = subprocess.run([script, "up"], capture_output=True, text=True, timeout=180)
+    if started.returncode != 0:
+        pytest.fail(f"ops/redis/cluster up failed:\n{started.stdout}{started.stderr}")
+    exports = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
+    variables = dict(
+        line.removeprefix("export ").split("=", 1) for line in exports.splitlines() if "=" in line
+    )
+    return stack.model_copy(
+        update={"redis_url": variables["MEMPROJ_REDIS_URL"], "redis_cluster": True}
+    )
+
+
+@contextlib.contextmanager
+def own_namespace(settings: Settings) -> Iterator[str]:
+    """A namespace of Redis keys of the test's own, on the Redis (or the cluster) of
+    ``settings``, its keys deleted afterwards."""
+    client: redis.Redis | redis.RedisCluster
     try:
+        if settings.redis_cluster:
+            client = redis.RedisCluster.from_url(settings.redis_url)
+        else:
+            client = redis.Redis.from_url(settings.redis_url)
         client.ping()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"Redis at {stack.redis_url} is not answering (ops/stack up): {exc}")
+    except (redis.ConnectionError, redis.RedisClusterException) as exc:
+        pytest.fail(f"Redis at {settings.redis_url} is not answering (ops/stack up): {exc}")
     name = f"memproj-test-{uuid.uuid4().hex}"
     try:
         yield name
     finally:
+        # On a cluster, SCAN walks every master and DEL is split by slot (redis-py).
         leftovers = list(client.scan_iter(match=glob_literal(key_part(name)) + ":*"))
         if leftovers:
             client.delete(*leftovers)
         client.close()
+
+
+@pytest.fixture
+def redis_namespace(stack: Settings) -> Iterator[str]:
+    """A namespace of Redis keys of the test's own, its keys deleted afterwards."""
+    with own_namespace(stack) as name:
+        yield name
+
+
+@pytest.fixture
+def redis_cluster_namespace(redis_cluster: Settings) -> Iterator[str]:
+    """``redis_namespace`` on the Redis Cluster."""
+    with own_namespace(redis_cluster) as name:
+        yield name
 
 
 @pytest.fixture

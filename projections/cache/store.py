@@ -8,35 +8,46 @@ too; a scan walks the whole keyspace (every namespace's keys), so it is for the 
 verification probe and the ghost audit, not for a tombstone's acknowledgement
 (ops/decisions/cache-erasure.md).
 
-Keys (every part escaped by ``key_part``)::
+Keys (every part escaped by ``key_part``; ``<ns>`` is the namespace, ``{<tenant>}`` the
+tenant in braces)::
 
-    {ns}:cache:{tenant}:recall:{subject_type}:{subject_id}:{query_key}
-    {ns}:cache:{tenant}:context:{conversation_id}
-    {ns}:index:{tenant}:subject:{subject_type}:{subject_id}   a set of cache keys
-    {ns}:index:{tenant}:memory:{memory_id}                    a set of cache keys
-    {ns}:index:{tenant}:conversation:{conversation_id}        a set of cache keys
+    <ns>:cache:{<tenant>}:recall:<subject_type>:<subject_id>:<query_key>
+    <ns>:cache:{<tenant>}:context:<conversation_id>
+    <ns>:index:{<tenant>}:subject:<subject_type>:<subject_id>   a set of cache keys
+    <ns>:index:{<tenant>}:memory:<memory_id>                    a set of cache keys
+    <ns>:index:{<tenant>}:conversation:<conversation_id>        a set of cache keys
+
+The braces are a Redis Cluster hash tag: every key of a tenant hashes to the slot of its tenant
+alone, so each atomic write (an entry and its indexes; an invalidation's deletions) touches
+one slot, on a single Redis and on a cluster alike (``connect``; ops/decisions/redis-cluster.md).
+Every other brace is escaped, so the tenant's are always the first pair.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 
 from topics.envelope import source_conversation
 
 Subject = tuple[str, str]
+# A single Redis or a Redis Cluster (``connect``): the cache and the audit use either alike.
+RedisClient = Redis | RedisCluster
 
 READ_BATCH = 500
 UNREADABLE: dict[str, Any] = {"unreadable": True}
 
 # ':' separates key parts and '%' starts an escape, so escaping both keeps keys unambiguous
-# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); the others are glob
-# metacharacters, escaped so that no id can widen a SCAN pattern built from a key.
-_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:*?[]\\"})
+# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); braces, so that the only
+# hash tag of a key is its tenant's; the others are glob metacharacters, escaped so that no id
+# can widen a SCAN pattern built from a key.
+_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:{}*?[]\\"})
 _GLOB_ESCAPES = str.maketrans({char: "\\" + char for char in "*?[]\\"})
 
 
@@ -47,6 +58,19 @@ def key_part(text: str) -> str:
 def build_key(*parts: str) -> str:
     """The one place a Redis key is made."""
     return ":".join(map(key_part, parts))
+
+
+def hash_tag(tenant_id: str) -> str:
+    """The key part that places a tenant's keys in one Redis Cluster slot: its escaped id in
+    braces. Never empty braces (Redis would hash the whole key): a tenant id is not empty."""
+    if not tenant_id:
+        raise ValueError("a tenant id is not empty")
+    return "{" + key_part(tenant_id) + "}"
+
+
+def tenant_key(namespace: str, kind: str, tenant_id: str, *parts: str) -> str:
+    """A key of one tenant (``build_key`` with the tenant's hash tag as its third part)."""
+    return ":".join([build_key(namespace, kind), hash_tag(tenant_id), *map(key_part, parts)])
 
 
 def glob_literal(text: str) -> str:
@@ -156,24 +180,31 @@ class TenantKeys:
     namespace: str
     tenant_id: str
 
+    def _key(self, kind: str, *parts: str) -> str:
+        return tenant_key(self.namespace, kind, self.tenant_id, *parts)
+
     def recall(self, subject: Subject, query_key: str) -> str:
-        return build_key(self.namespace, "cache", self.tenant_id, "recall", *subject, query_key)
+        return self._key("cache", "recall", *subject, query_key)
 
     def context(self, conversation_id: str) -> str:
-        return build_key(self.namespace, "cache", self.tenant_id, "context", conversation_id)
+        return self._key("cache", "context", conversation_id)
+
+    def cache_prefix(self) -> str:
+        """What every cache entry's key of this tenant starts with, and no other key."""
+        return self._key("cache") + ":"
 
     def cache_pattern(self) -> str:
         """SCAN pattern matching every cache entry of this tenant and nothing else."""
-        return glob_literal(build_key(self.namespace, "cache", self.tenant_id)) + ":*"
+        return glob_literal(self.cache_prefix()) + "*"
 
     def subject_index(self, subject: Subject) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "subject", *subject)
+        return self._key("index", "subject", *subject)
 
     def memory_index(self, memory_id: str) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "memory", memory_id)
+        return self._key("index", "memory", memory_id)
 
     def conversation_index(self, conversation_id: str) -> str:
-        return build_key(self.namespace, "index", self.tenant_id, "conversation", conversation_id)
+        return self._key("index", "conversation", conversation_id)
 
     def indexes(self, holdings: Holdings) -> list[str]:
         return [
@@ -234,7 +265,56 @@ class RecallCache(Protocol):
     async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]: ...
 
 
-def connect(url: str) -> Redis:
+# The writes are Lua scripts rather than MULTI/EXEC: as atomic, and one command whose keys (all
+# of one tenant, so of one slot) route it on a cluster; redis-py's asyncio cluster client
+# queues each command of a transaction from a thread of its own, milliseconds of CPU per put
+# (ops/decisions/redis-cluster.md).
+
+# KEYS[1]: the entry; KEYS[2..]: its indexes. ARGV: the value, the TTL. An index must outlive
+# its newest member: GT alone never sets a TTL on a set just created (Redis counts "no TTL"
+# as infinite), hence NX first.
+PUT_SCRIPT = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for i = 2, #KEYS do
+    redis.call('SADD', KEYS[i], KEYS[1])
+    redis.call('EXPIRE', KEYS[i], ARGV[2], 'NX')
+    redis.call('EXPIRE', KEYS[i], ARGV[2], 'GT')
+end
+return 1
+"""
+
+# KEYS: the entries of each group, one group after the other, then the indexes. ARGV: the
+# number of groups, each group's size, then per index its members' count and the members.
+# Answers how many entries of each group existed (an entry in two groups counts for the
+# first). Removing only the members read, rather than deleting the sets, keeps an entry that
+# a concurrent put indexed meanwhile; Redis drops each set with its last member.
+DELETE_SCRIPT = """
+local groups = tonumber(ARGV[1])
+local key, arg, deleted = 1, groups + 2, {}
+for group = 1, groups do
+    local count = 0
+    for _ = 1, tonumber(ARGV[group + 1]) do
+        count = count + redis.call('DEL', KEYS[key])
+        key = key + 1
+    end
+    deleted[group] = count
+end
+for index = key, #KEYS do
+    local members = tonumber(ARGV[arg])
+    for member = arg + 1, arg + members do
+        redis.call('SREM', KEYS[index], ARGV[member])
+    end
+    arg = arg + members + 1
+end
+return deleted
+"""
+
+
+def connect(url: str, cluster: bool = False) -> RedisClient:
+    """A client of the Redis at ``url``, or of the Redis Cluster one of whose nodes it names
+    (redis-py's ``RedisCluster`` finds the others and routes each key to its slot's master)."""
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=False)
     return Redis.from_url(url, decode_responses=False)
 
 
@@ -242,12 +322,15 @@ class RedisCache:
     """Recall results and context views of every tenant, each entry expiring after
     ``ttl_seconds`` and indexed under each subject, memory and conversation it holds."""
 
-    def __init__(self, redis: Redis, ttl_seconds: int = 300, namespace: str = "memproj") -> None:
+    def __init__(
+        self, redis: RedisClient, ttl_seconds: int = 300, namespace: str = "memproj"
+    ) -> None:
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be positive, not {ttl_seconds}")
         self._redis = redis
         self._ttl_seconds = ttl_seconds
         self._namespace = namespace
+        self._scripts: dict[str, AsyncScript] = {}
 
     def _keys(self, tenant_id: str) -> TenantKeys:
         return TenantKeys(self._namespace, tenant_id)
@@ -296,7 +379,8 @@ class RedisCache:
 
     async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]:
         """``invalidate`` of each (tenant, targets), in two round trips for them all: the
-        indexes read in one pipeline, the entries deleted in one transaction. How many
+        indexes read in one pipeline, then each tenant's entries deleted atomically, in one
+        script of its own (its keys share a slot), every tenant's at once. How many
         entries each deleted, counted as if one after the other (an entry two erasures
         share counts for the first)."""
         keys = [(self._keys(tenant_id), targets) for tenant_id, targets in erasures]
@@ -310,19 +394,38 @@ class RedisCache:
             )
             for tenant, targets in keys
         ]
-        if not any(doomed):
-            return [0] * len(erasures)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            for entries in doomed:
-                if entries:
-                    pipe.delete(*entries)
-            # Removing only the members read, rather than deleting the sets, keeps an entry that
-            # a concurrent put indexed meanwhile; Redis drops each set with its last member.
-            for index, found in members.items():
-                if found:
-                    pipe.srem(index, *found)
-            replies = iter(await pipe.execute())
-        return [int(next(replies)) if entries else 0 for entries in doomed]
+        positions: dict[str, list[int]] = {}
+        read: dict[str, dict[str, set[str]]] = {}
+        for position, (tenant, targets) in enumerate(keys):
+            if doomed[position]:
+                positions.setdefault(tenant.tenant_id, []).append(position)
+                found = read.setdefault(tenant.tenant_id, {})
+                found.update((i, members[i]) for i in tenant.indexes(targets) if members[i])
+        counts = await asyncio.gather(
+            *(
+                self._delete([doomed[p] for p in mine], read[tenant_id])
+                for tenant_id, mine in positions.items()
+            )
+        )
+        deleted = [0] * len(erasures)
+        for mine, tenant_counts in zip(positions.values(), counts, strict=True):
+            for position, count in zip(mine, tenant_counts, strict=True):
+                deleted[position] = count
+        return deleted
+
+    async def _delete(
+        self, entries: Sequence[set[str]], members: Mapping[str, set[str]]
+    ) -> list[int]:
+        """One tenant's invalidation, atomically (one script): each set of entries deleted (how
+        many of each existed), and the members read removed from their indexes."""
+        groups = [sorted(each) for each in entries]
+        indexes = list(members)
+        arguments: list[str | int] = [len(groups), *map(len, groups)]
+        for index in indexes:
+            arguments += [len(members[index]), *sorted(members[index])]
+        keys = [key for group in groups for key in group] + indexes
+        replies = await self._script(DELETE_SCRIPT)(keys=keys, args=arguments)
+        return [int(reply) for reply in replies]
 
     async def reachable(
         self,
@@ -352,7 +455,7 @@ class RedisCache:
         """Of each (tenant, targets), the entries that the targets' indexes or their context
         keys name and that hold any of the targets (or cannot be read as an entry), sorted:
         what an invalidation left of the cache's own writes, every one indexed in the
-        transaction that wrote it. In two round trips, however many keys Redis holds; an
+        script that wrote it. In two round trips, however many keys Redis holds; an
         entry written behind the indexes' back is ``reachable_each``'s to find."""
         return await self._holding(erasures, lambda _: set())
 
@@ -400,15 +503,15 @@ class RedisCache:
         return None if value is None else decode_entry(value)
 
     async def _put(self, keys: TenantKeys, key: str, entry: dict[str, Any]) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(key, orjson.dumps(entry), ex=self._ttl_seconds)
-            for index in keys.indexes(holdings_of(entry)):
-                pipe.sadd(index, key)
-                # An index must outlive its newest member. GT alone never sets a TTL on a
-                # set just created (Redis counts "no TTL" as infinite), hence NX first.
-                pipe.expire(index, self._ttl_seconds, nx=True)
-                pipe.expire(index, self._ttl_seconds, gt=True)
-            await pipe.execute()
+        """The entry and its indexes, atomically (one script)."""
+        indexes = keys.indexes(holdings_of(entry))
+        put = self._script(PUT_SCRIPT)
+        await put(keys=[key, *indexes], args=[orjson.dumps(entry), self._ttl_seconds])
+
+    def _script(self, text: str) -> AsyncScript:
+        if text not in self._scripts:
+            self._scripts[text] = self._redis.register_script(text)
+        return self._scripts[text]
 
     async def _members(self, indexes: Sequence[str]) -> dict[str, set[str]]:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -421,7 +524,8 @@ class RedisCache:
         }
 
     async def _scan(self, pattern: str) -> set[str]:
-        # A set, because SCAN may return a key more than once.
+        # A set, because SCAN may return a key more than once. On a cluster, redis-py scans
+        # every master: a key is found wherever it lives, a slot being migrated included.
         keys = self._redis.scan_iter(match=pattern, count=READ_BATCH)
         return {key.decode() async for key in keys}
 

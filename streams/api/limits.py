@@ -4,8 +4,8 @@ request bodies.
 Two rate limits: requests per key, judged after authentication (one key's burst never spends
 another's allowance), and failed authentications per client address, judged before the key is
 looked up (a guesser's attempts stop costing a database connection each). Their windows live
-in the process (``memory``) or in Redis (``redis``), where every replica of the API counts
-against the same windows.
+in the process (``memory``) or in Redis (``redis``: a single Redis or a Redis Cluster), where
+every replica of the API counts against the same windows.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from limits import RateLimitItem, parse
 from limits.aio.storage import MemoryStorage, Storage
@@ -30,6 +31,16 @@ class Verdict:
     retry_after_seconds: int = 0
 
 
+def shared_storage_uri(redis_url: str, cluster: bool) -> str:
+    """The ``limits`` storage of the Redis at ``redis_url``, or of the Redis Cluster one of whose
+    nodes it names. Every window is one key, each operation on it one script: no operation
+    spans two slots, whatever the keys."""
+    if not cluster:
+        return f"async+{redis_url}"
+    parts = urlsplit(redis_url)
+    return f"async+redis+cluster://{parts.netloc}"
+
+
 class RateLimit:
     def __init__(self, limit: str, storage: Storage | None = None) -> None:
         self.item: RateLimitItem = parse(limit)
@@ -37,11 +48,15 @@ class RateLimit:
         self._limiter = MovingWindowRateLimiter(self._storage)
 
     @classmethod
-    def of(cls, limit: str, storage: str, redis_url: str, namespace: str) -> RateLimit:
+    def of(
+        cls, limit: str, storage: str, redis_url: str, namespace: str, cluster: bool = False
+    ) -> RateLimit:
         if storage == "memory":
             return cls(limit)
         shared = storage_from_string(
-            f"async+{redis_url}", implementation="redispy", key_prefix=f"{namespace}-ratelimit"
+            shared_storage_uri(redis_url, cluster),
+            implementation="redispy",
+            key_prefix=f"{namespace}-ratelimit",
         )
         assert isinstance(shared, Storage)
         return cls(limit, shared)

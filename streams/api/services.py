@@ -14,10 +14,9 @@ from functools import cached_property
 
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RedisCache
+from projections.cache.store import RedisCache, RedisClient
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import VectorStore
@@ -41,7 +40,7 @@ def _now() -> datetime:
 class ApiServices:
     settings: Settings
     pool: AsyncConnectionPool[Conn]
-    redis: Redis
+    redis: RedisClient
     open_embedder: Callable[[], Embedder]
     metrics: ApiMetrics
     rate_limit: RateLimit
@@ -112,7 +111,7 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
     return ApiServices(
         settings=settings,
         pool=make_pool(settings.postgres_conninfo, settings.postgres_pool_size),
-        redis=connect_redis(settings.redis_url),
+        redis=connect_redis(settings.redis_url, settings.redis_cluster),
         open_embedder=lambda: build_embedder(settings),
         metrics=ApiMetrics(registry if registry is not None else CollectorRegistry()),
         rate_limit=RateLimit.of(
@@ -120,12 +119,14 @@ def build_services(settings: Settings, registry: CollectorRegistry | None = None
             settings.api_rate_limit_storage,
             settings.redis_url,
             settings.cache_namespace,
+            settings.redis_cluster,
         ),
         login_limit=RateLimit.of(
             settings.api_login_rate_limit,
             settings.api_rate_limit_storage,
             settings.redis_url,
             f"{settings.cache_namespace}-login",
+            settings.redis_cluster,
         ),
         # The API never writes the store (its volume is mounted read-only): a missing table is
         # refused (a 503), not created.

@@ -64,7 +64,7 @@ async def audit_plaintext(
                 context = OpenerContext(conn, keys, LetterSealer(master))
                 await scan_kafka(settings.kafka, topics, report.matcher, report, context)
     if Source.REDIS in sources:
-        redis = connect_redis(settings.redis_url)
+        redis = connect_redis(settings.redis_url, settings.redis_cluster)
         try:
             await scan_redis(redis, settings.cache_namespace, report.matcher, report)
         finally:

@@ -1,6 +1,7 @@
 """The plaintext audit of Redis and of the data directory (files, and LanceDB tables).
 
-Redis: every key under the cache namespace (SCAN, never KEYS), its name and its value of
+Redis: every key under the cache namespace (SCAN, never KEYS; on a Redis Cluster, of every
+master), its name and its value of
 whichever type, read in chunks. The data directory: every file's bytes, streamed in chunks
 that overlap by a needle's length. LanceDB compresses its string columns once a data file is
 large enough (a byte search of a table of a few thousand entries no longer finds a marker in
@@ -16,9 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
-
-from projections.cache.store import build_key, glob_literal
+from projections.cache.store import RedisClient, build_key, glob_literal
 from streams.audit.plaintext import Hit, Matcher, PlaceKind, Report
 
 CHUNK = 1 << 20
@@ -39,7 +38,7 @@ def _bytes(value: bytes | str | None) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
-async def _redis_values(redis: Redis, key: bytes, kind: bytes) -> AsyncIterator[bytes]:
+async def _redis_values(redis: RedisClient, key: bytes, kind: bytes) -> AsyncIterator[bytes]:
     """Every member, field and value of ``key``, read in chunks (never the whole value
     set at once, except a string, which Redis can only give whole)."""
     if kind == b"string":
@@ -72,7 +71,7 @@ async def _redis_values(redis: Redis, key: bytes, kind: bytes) -> AsyncIterator[
         raise ValueError(f"a Redis {kind.decode(errors='replace')} cannot be audited")
 
 
-async def scan_redis(redis: Redis, namespace: str, matcher: Matcher, report: Report) -> None:
+async def scan_redis(redis: RedisClient, namespace: str, matcher: Matcher, report: Report) -> None:
     started = time.monotonic()
     scanned = report.source("redis")
     scanned.places += 1

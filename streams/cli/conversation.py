@@ -37,7 +37,7 @@ def conversation_show(
 
     async def load(conn: Conn) -> dict[str, Any] | None:
         if context:
-            redis = connect_redis(settings.redis_url)
+            redis = connect_redis(settings.redis_url, settings.redis_cluster)
             try:
                 cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
                 return await reads.context_view(conn, cache, tenant, conversation_id)

@@ -120,7 +120,7 @@ def recall(
     settings = settings_of(ctx)
 
     async def read(conn: Conn) -> Hydrated:
-        redis = connect_redis(settings.redis_url)
+        redis = connect_redis(settings.redis_url, settings.redis_cluster)
         cache = RedisCache(redis, settings.cache_ttl_seconds, settings.cache_namespace)
         try:
             if text is None:

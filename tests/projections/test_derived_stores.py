@@ -1,7 +1,7 @@
 """The derived store's contract (tests/support/contracts/derived.py) on every store of the
 registry: each on its in-memory fake without services, and on its real backend under the
-integration marker (the embeddings store on LanceDB, the cache on Redis, the summaries and
-context stores on PostgreSQL)."""
+integration marker (the embeddings store on LanceDB, the cache on Redis and on a Redis
+Cluster, the summaries and context stores on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -173,22 +173,34 @@ class TestCacheOnFake(CacheOnFake):
     pass
 
 
+def on_redis(settings: Settings, namespace: str) -> Callable[[Scenario[T]], T]:
+    def run(scenario: Scenario[T]) -> T:
+        async def main() -> T:
+            client = connect(settings.redis_url, settings.redis_cluster)
+            try:
+                return await scenario(CacheHolder(RedisCache(client, 300, namespace)))
+            finally:
+                await client.aclose()
+
+        return asyncio.run(main())
+
+    return run
+
+
 @pytest.mark.integration
 class TestCacheOnRedis(DerivedStoreContract):
     @pytest.fixture
-    def run(self, redis_namespace: str) -> Callable[[Scenario[T]], T]:
-        def run(scenario: Scenario[T]) -> T:
-            async def main() -> T:
-                client = connect(Settings().redis_url)
-                try:
-                    cache = RedisCache(client, 300, redis_namespace)
-                    return await scenario(CacheHolder(cache))
-                finally:
-                    await client.aclose()
+    def run(self, stack: Settings, redis_namespace: str) -> Callable[[Scenario[T]], T]:
+        return on_redis(stack, redis_namespace)
 
-            return asyncio.run(main())
 
-        return run
+@pytest.mark.integration
+class TestCacheOnRedisCluster(DerivedStoreContract):
+    @pytest.fixture
+    def run(
+        self, redis_cluster: Settings, redis_cluster_namespace: str
+    ) -> Callable[[Scenario[T]], T]:
+        return on_redis(redis_cluster, redis_cluster_namespace)
 
 
 # -- the summaries and context tables ----------------------------------------------------------

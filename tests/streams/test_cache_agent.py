@@ -15,7 +15,14 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from projections.cache.store import Holdings, RedisCache, TenantKeys, connect, glob_literal
+from projections.cache.store import (
+    Holdings,
+    RedisCache,
+    RedisClient,
+    TenantKeys,
+    connect,
+    glob_literal,
+)
 from streams.agents.cache import CacheFreshness
 from streams.settings import Settings
 from support.fakes import Publisher, Source, Stops, loop_for
@@ -43,7 +50,7 @@ def namespace() -> Iterator[str]:
 
 
 class CountingCache(RedisCache):
-    def __init__(self, client: Redis, namespace: str) -> None:
+    def __init__(self, client: RedisClient, namespace: str) -> None:
         super().__init__(client, 300, namespace)
         self.invalidations: list[int] = []
 

@@ -19,7 +19,10 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 from redis import Redis
+from redis.asyncio import RedisCluster
 
+from projections.cache.store import TenantKeys
+from projections.cache.store import connect as connect_redis
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry
 from projections.sealing.crypto import new_data_key, parse_master_key
@@ -37,10 +40,11 @@ from streams.audit.plaintext import (
     within_window,
 )
 from streams.audit.postgres import memproj_schemas
-from streams.audit.stores import file_holds, namespace_pattern
+from streams.audit.stores import file_holds, namespace_pattern, scan_redis
 from streams.cli import cli
 from streams.kafka import producer_config
 from streams.sample import EventFactory, to_message
+from streams.settings import Settings
 from support.new_event_type import annotated, register_annotations
 from topics.registry import (
     CONVERSATION_REJECTIONS,
@@ -456,3 +460,43 @@ def test_without_pg_dirtyread_the_audit_says_it_could_not_look_at_dead_tuples(en
     finally:
         with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+@pytest.mark.integration
+def test_the_redis_audit_reads_every_master_of_a_cluster(
+    redis_cluster: Settings, redis_cluster_namespace: str
+) -> None:
+    """On a Redis Cluster the audit's SCAN walks each master: a marker is found in the keys of
+    tenants whose slots are on all three, of every type the audit reads."""
+    marker, tenants = f"mk-{uuid.uuid4().hex}", [f"t-{n}" for n in range(9)]
+
+    async def main() -> tuple[Report, set[str]]:
+        client = connect_redis(redis_cluster.redis_url, cluster=True)
+        assert isinstance(client, RedisCluster)
+        try:
+            masters = set()
+            for n, tenant in enumerate(tenants):
+                keys = TenantKeys(redis_cluster_namespace, tenant)
+                key = keys.recall(("user", "u1"), "q")
+                if n % 3 == 0:
+                    await client.set(key, orjson.dumps({"text": marker}), ex=600)
+                elif n % 3 == 1:
+                    await client.hset(key, "body", orjson.dumps({"text": marker}))
+                else:
+                    await client.sadd(keys.memory_index(marker), key)
+                await client.set(keys.context("clean"), b"{}", ex=600)
+                node = client.get_node_from_key(key)
+                assert node is not None
+                masters.add(node.name)
+            report = Report(Matcher.of(marker))
+            await scan_redis(client, redis_cluster_namespace, report.matcher, report)
+            return report, masters
+        finally:
+            await client.aclose()
+
+    report, masters = asyncio.run(main())
+    assert len(masters) == 3
+    assert report.errors == []
+    assert report.scanned["redis"].items == 2 * len(tenants)
+    (finding,) = report.findings.values()
+    assert finding.count == len(tenants)

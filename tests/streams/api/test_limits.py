@@ -10,6 +10,7 @@ import httpx
 import pytest
 from conftest import Env
 
+from streams.settings import Settings
 from support.api_server import ApiServer
 
 pytestmark = pytest.mark.integration
@@ -102,6 +103,29 @@ def test_replicas_share_a_keys_rate_in_redis(api_env: Env, serve_api: Any) -> No
         with server.client(key.token) as client:
             statuses.append(client.get(path, params={"purpose": "support"}).status_code)
     assert statuses == [200, 200, 200, 429]
+
+
+def test_replicas_share_a_keys_rate_on_a_redis_cluster(
+    api_env: Env, serve_api: Any, redis_cluster: Settings
+) -> None:
+    """The same with MEMPROJ_REDIS_CLUSTER: the windows, and the cache, on a cluster."""
+    overrides = {
+        "api_rate_limit": "3/minute",
+        "api_rate_limit_storage": "redis",
+        "redis_url": redis_cluster.redis_url,
+        "redis_cluster": True,
+    }
+    first: ApiServer = serve_api(api_env, **overrides)
+    second: ApiServer = serve_api(api_env, **overrides)
+    tenant = first.tenant()
+    first.set_purpose(tenant, "support")
+    key, other = (first.create_key(tenant, ["support"]) for _ in range(2))
+    path = "/v1/subjects/user/alice/memories"
+    statuses = []
+    for server, token in [(first, key), (second, key), (first, key), (second, key), (first, other)]:
+        with server.client(token.token) as client:
+            statuses.append(client.get(path, params={"purpose": "support"}).status_code)
+    assert statuses == [200, 200, 200, 429, 200]
 
 
 def test_invented_methods_are_one_label_value(api_env: Env, serve_api: Any) -> None:

@@ -231,6 +231,7 @@ class CacheContract:
             ("a*", ("user", "*"), "m?"),
             ("ab", ("user", "*"), "m1"),
             ("[a]b", ("us\\er", "%3A"), "%"),
+            ("{a}", ("user", "}{"), "m{1}"),
         ]
 
         async def scenario(h: Harness) -> None:
@@ -241,7 +242,7 @@ class CacheContract:
                 wanted = [memory(memory_id, "c:[1]")]
                 assert await cache.get_recall(tenant, subject, "q:*") == wanted
             assert len(await cache.entries("a")) == 2
-            for tenant in ("a:b", "a*", "ab", "[a]b"):
+            for tenant in ("a:b", "a*", "ab", "[a]b", "{a}"):
                 assert len(await cache.entries(tenant)) == 1
             assert await cache.entries("b") == []
 
@@ -255,6 +256,7 @@ class CacheContract:
             assert await cache.invalidate("a:b", conversation_ids=["c:[1]"]) == 1
             assert await cache.get_recall("a", ("user:b", "c"), "q:*") is not None
             assert await cache.invalidate("[a]b", memory_ids=["%"]) == 1
+            assert await cache.invalidate("{a}", subject=("user", "}{")) == 1
             remaining = {key for tenant in ("a", "ab") for key, _ in await cache.entries(tenant)}
             assert remaining == {
                 TenantKeys(ns, "a").recall(("user:b", "c"), "q:*"),

@@ -20,7 +20,6 @@ from projections.cache.store import (
     Holdings,
     Subject,
     TenantKeys,
-    build_key,
     context_entry,
     decode_entry,
     holdings_of,
@@ -142,7 +141,7 @@ class InMemoryCache:
         return found
 
     def _tenant_keys(self, tenant_id: str) -> set[str]:
-        prefix = build_key(self._namespace, "cache", tenant_id) + ":"
+        prefix = self._keys(tenant_id).cache_prefix()
         return {key for key in self.values if key.startswith(prefix)}
 
     def _holding(self, targets: Holdings, candidates: Iterable[str]) -> list[str]:
