@@ -8,9 +8,9 @@ passed since the segment's first record (verified on the local Kafka 4.1.1: a pa
 appended after 10 s rolled the segment and let the cleaner remove the value within seconds).
 A quiet partition would keep its erased values forever.
 
-So the deletion worker checks each partition every ``MEMPROJ_COMPACTION_ROLL_CHECK_SECONDS``:
-when the newest record is older than ``segment.ms`` and is not already a roll marker, it
-appends a marker, a null value for the key ``":"`` (the empty tenant and memory ids, which no
+So the deletion worker that leads its duties checks each partition every
+``MEMPROJ_COMPACTION_ROLL_CHECK_SECONDS``: when the newest record is older than
+``segment.ms`` and is not already a roll marker, it appends a marker, a null value for the key ``":"`` (the empty tenant and memory ids, which no
 contract id can be: ids are at least one character) with the header ``memproj:
 segment-roll``. The append rolls the segment (its first record is older than ``segment.ms``),
 the marker opens the new active segment alone, and every real record is in a cleanable one.
@@ -37,6 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from mode import Service
 
+from streams.coordination import Lease
 from streams.failures import loggable
 from streams.kafka import (
     KafkaTarget,
@@ -164,9 +165,12 @@ class SegmentRoller(Service):
         topics: Sequence[str],
         metrics: Metrics,
         interval_seconds: float,
+        lease: Lease | None = None,
         **kwargs: Any,
     ) -> None:
+        """``lease``: the check runs where it leads (None: here, always)."""
         self._kafka = kafka
+        self._lease = lease
         self._topics = list(topics)
         self._metrics = metrics
         self._interval = interval_seconds
@@ -176,6 +180,8 @@ class SegmentRoller(Service):
     async def _rolling(self) -> None:
         while not self.should_stop:
             await self.sleep(self._interval)
+            if self._lease is not None and not await self._lease.leads():
+                continue
             for topic in self._topics:
                 try:
                     await asyncio.to_thread(self.roll_quiet_partitions, topic)
@@ -204,13 +210,17 @@ class SegmentRoller(Service):
         await asyncio.to_thread(self._kafka.close)
 
 
-def segment_rollers(settings: Settings, metrics: Metrics) -> list[Service]:
-    """The deletion worker's roll check of the compacted topics erasures write nulls to."""
+def segment_rollers(
+    settings: Settings, metrics: Metrics, lease: Lease | None = None
+) -> list[Service]:
+    """The deletion worker's roll check of the compacted topics erasures write nulls to, run
+    where ``lease`` leads."""
     return [
         SegmentRoller(
             KafkaSegmentRoller(settings.kafka),
             [settings.topics.name(MEMORY_CURRENT)],
             metrics,
             settings.compaction_roll_check_seconds,
+            lease,
         )
     ]

@@ -1,13 +1,17 @@
 """The deletion worker's periodic duties: redeliver overdue tombstones and report them,
 verify completed deletions with the retrieval probe, purge what completed deletions left
 (``streams.purge``), refresh the deletion metrics, and trim the API's read audit past its
-retention."""
+retention.
+
+With several deletion workers, one leads the duties (``streams.coordination.Lease``); every
+one refreshes the deletion metrics, read from PostgreSQL and so the same in each (the alert
+rules and dashboards take their max)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +27,7 @@ from projections.deletion import lifecycle, probes, queries
 from projections.deletion.verify import verify
 from projections.memory import store as memory_store
 from projections.stores import DerivedStore
+from streams.coordination import Lease
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
 from streams.purge import PurgeRound
@@ -48,10 +53,12 @@ class LedgerMaintenance(Service):
         audit_retention: timedelta | None = None,
         purge: PurgeRound | None = None,
         purge_interval: timedelta = timedelta(seconds=30),
+        lease: Lease | None = None,
         **kwargs: Any,
     ) -> None:
         """``audit_retention``: the API's read audit rows are kept this long (None: forever).
-        ``purge``: the purge checks, run every ``purge_interval`` (None: not run)."""
+        ``purge``: the purge checks, run every ``purge_interval`` (None: not run).
+        ``lease``: the duties run where it leads (None: here, always)."""
         self._pool = pool
         self._publisher = publisher
         self._stores = stores
@@ -65,22 +72,26 @@ class LedgerMaintenance(Service):
         self._purge = purge
         self._purge_interval = purge_interval.total_seconds()
         self._purged_round_at = float("-inf")
+        self._lease = lease
         super().__init__(**kwargs)
 
     @Service.task
     async def _duties(self) -> None:
         while not self.should_stop:
             await self.sleep(self._interval)
-            for duty in (
-                self.redeliver_overdue,
-                self.verify_completed,
-                self.refresh_metrics,
-                self.drop_expired_rebuilds,
-                self.drop_expired_probes,
-                self.destroy_expired_letter_keys,
-                self.trim_read_audit,
-                self.check_purges,
-            ):
+            duties: tuple[Callable[[], Awaitable[object]], ...] = (self.refresh_metrics,)
+            if self._lease is None or await self._lease.leads():
+                duties = (
+                    self.redeliver_overdue,
+                    self.verify_completed,
+                    *duties,
+                    self.drop_expired_rebuilds,
+                    self.drop_expired_probes,
+                    self.destroy_expired_letter_keys,
+                    self.trim_read_audit,
+                    self.check_purges,
+                )
+            for duty in duties:
                 try:
                     await duty()
                 except Exception:

@@ -168,6 +168,14 @@ class Metrics:
             ["store"],
             registry=registry,
         )
+        # Duties that run once among a kind's replicas (streams.coordination): which replica
+        # leads each. A standby exports 0 and none of the duty's own gauges.
+        self.duty_leader = Gauge(
+            "memproj_duty_leader",
+            "1 where this replica leads the duty (holds its lease), 0 where it stands by",
+            ["duty"],
+            registry=registry,
+        )
         self.deletion_completion = Histogram(
             "memproj_deletion_completion_seconds",
             "time from a deletion request to its last acknowledgement",
@@ -320,6 +328,12 @@ class Metrics:
     def ghost_items(self, counts: Mapping[str, int]) -> None:
         for store, count in counts.items():
             self.ghosts.labels(store).set(count)
+
+    def monitor_standing_by(self) -> None:
+        """A monitor that lost its lease exports no lag or ghost series: the leader does."""
+        self.lag_messages.clear()
+        self.lag_seconds.clear()
+        self.ghosts.clear()
 
     def blocked_reads(self, totals: dict[str, int]) -> None:
         """Reads are blocked in whichever process serves them (the CLI, an API); the totals

@@ -1,5 +1,10 @@
 """The monitor worker's duties: consumer lag of every memproj group, and the reconciliation
-audit of every derived store (``memproj_ghost_items``)."""
+audit of every derived store (``memproj_ghost_items``).
+
+With several monitors, one leads (``streams.coordination.Lease``): it alone collects and
+exports the lag and ghost gauges; a standby exports ``memproj_duty_leader{duty="monitor"} 0``
+and none of them, and clears them if it stands down. So a sum over the gauges stays right,
+and the ghost audit, which reads every store, runs once."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn
 from projections.deletion.audit import audit_ghosts
 from projections.stores import DerivedStore
+from streams.coordination import Lease
 from streams.lag import LagCollector
 from streams.metrics import Metrics
 
@@ -32,9 +38,12 @@ class MonitorService(Service):
         interval: timedelta,
         audit_interval: timedelta,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        lease: Lease | None = None,
         **kwargs: Any,
     ) -> None:
+        """``lease``: the duties run where it leads (None: here, always)."""
         self._lag = lag
+        self._lease = lease
         self._pool = pool
         self._stores = stores
         self._metrics = metrics
@@ -47,6 +56,11 @@ class MonitorService(Service):
     @Service.task
     async def _duties(self) -> None:
         while not self.should_stop:
+            if self._lease is not None and not await self._lease.leads():
+                # The leader's audit is not this replica's: a new leader audits at once.
+                self._last_audit = 0.0
+                await self.sleep(self._interval)
+                continue
             try:
                 self._metrics.consumer_lag(await asyncio.to_thread(self._lag.collect))
             except Exception:

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from projections import rebuilds
+from projections import coordination, rebuilds
 from projections.bookkeeping import Conn
 from projections.deletion import lifecycle
 from projections.deletion.ledger import RequestKey
@@ -214,10 +214,16 @@ def purge_checks(
     ]
 
 
+# The purge round's lock: its checks vacuum and read whole topics; two at once would only do
+# it twice.
+PURGE_DUTY = "deletion-purge"
+
+
 class PurgeRound:
     """One round of the purge duty: completed deletions become due at every place that
     applies, each check is asked about its due deletions, and the deletions purged at every
-    place are purged. One deletion worker at a time (``lifecycle.try_purge_lock``);
+    place are purged. One deletion worker at a time (its session holds the duty's lock,
+    ``projections.coordination``);
     idempotent, so a round cut short is finished by the next."""
 
     def __init__(
@@ -237,7 +243,7 @@ class PurgeRound:
     async def run(self) -> list[RequestKey] | None:
         """The deletions purged in this round; None when another worker holds the round."""
         async with self._pool.connection() as conn:
-            if not await lifecycle.try_purge_lock(conn):
+            if not await coordination.try_hold(conn, PURGE_DUTY):
                 await conn.rollback()
                 return None
             try:
@@ -251,7 +257,7 @@ class PurgeRound:
                 return finished
             finally:
                 await conn.rollback()
-                await lifecycle.purge_unlock(conn)
+                await coordination.release(conn, PURGE_DUTY)
                 await conn.commit()
 
     async def _schedule(self, conn: Conn) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping
+from projections import bookkeeping, coordination
 from projections.bookkeeping import Conn, OutboxMessage
 from projections.retention import classes, holds
 from projections.retention import store as schedule_store
@@ -110,7 +110,9 @@ class RetentionScheduler(Service):
         now = self._clock()
         settings = self._settings
         async with self._pool.connection() as conn, conn.transaction():
-            if not await schedule_store.try_lead_round(conn):
+            # Normally one replica issues, the others skip the round (correctness does not
+            # rest on it: ``record_issued`` and the ledger's idempotency do).
+            if not await coordination.try_lead_round(conn, PRODUCER):
                 return []
             conversations = await schedule_store.conversation_candidates(
                 conn, now, settings.global_default, settings.batch_size

@@ -10,9 +10,10 @@ deletes the raw records below its committed offsets with Kafka's DeleteRecords, 
 ``MEMPROJ_RAW_INPUT_TRIM_SECONDS``; the topics' retention (one day) stays as the backstop.
 
 The offsets come from PostgreSQL, never from the worker's position in memory: a record the
-worker has read but not committed is never trimmed, whatever crashes. Every instance
-trims every partition the table names (the same offsets, so the requests agree; one below
-the low watermark changes nothing).
+worker has read but not committed is never trimmed, whatever crashes. One replica of the
+worker trims, every partition the table names: the one that holds the trim's lease
+(``streams.coordination``). Two would still agree (the same offsets; one below the low
+watermark changes nothing), but count the trimmed records twice.
 
 What else is read once: nothing else is trimmed. ``memproj replay`` re-reads the sealed logs
 (memory, conversation) and ``memory.current`` with ``conversation.messages`` (embeddings), and
@@ -38,6 +39,7 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections.bookkeeping import Conn, Position, load_offsets
+from streams.coordination import Lease, in_postgres
 from streams.failures import loggable
 from streams.kafka import KafkaTarget, admin_config
 from streams.metrics import Metrics
@@ -141,9 +143,12 @@ class RawInputTrimmer(Service):
         topics: Collection[str],
         metrics: Metrics,
         interval_seconds: float,
+        lease: Lease | None = None,
         **kwargs: Any,
     ) -> None:
+        """``lease``: the trim runs where it leads (None: here, always)."""
         self._pool = pool
+        self._lease = lease
         self._deleter = deleter
         self._projection = projection
         self._topics = frozenset(topics)
@@ -160,6 +165,8 @@ class RawInputTrimmer(Service):
         while not self.should_stop:
             await self.sleep(self._interval)
             try:
+                if self._lease is not None and not await self._lease.leads():
+                    continue
                 await self.trim_once()
             except Exception as exc:
                 # PostgreSQL away, say: the next round tries again; the worker goes on.
@@ -213,11 +220,13 @@ def raw_input_trimmers(
     pool: AsyncConnectionPool[Conn],
     sealer: Projection[Any, Any, Any],
 ) -> list[Service]:
-    """The trimmer of ``sealer``'s raw input topics (the one-hop stage that seals them), none if
-    the setting is 0."""
+    """The trimmer of ``sealer``'s raw input topics (the one-hop stage that seals them), run by
+    the replica that holds its lease; none if the setting is 0."""
     if settings.raw_input_trim_seconds <= 0:
         return []
+    lease = Lease(in_postgres(settings.postgres_conninfo), f"raw-input-trim:{sealer.name}", metrics)
     return [
+        lease,
         RawInputTrimmer(
             pool,
             KafkaRecordDeleter(settings.kafka),
@@ -225,5 +234,6 @@ def raw_input_trimmers(
             [settings.topics.name(spec) for spec in sealer.input_specs],
             metrics,
             settings.raw_input_trim_seconds,
-        )
+            lease,
+        ),
     ]

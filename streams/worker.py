@@ -33,6 +33,7 @@ from streams.agents.index import EmbeddingsIndexer
 from streams.agents.tombstones import TombstoneHandler
 from streams.compaction import segment_rollers
 from streams.consumer import KafkaBatchSource
+from streams.coordination import Lease, in_postgres
 from streams.isolation import DeadLetters, Isolation
 from streams.kafka import KafkaPublisher
 from streams.lag import LagCollector
@@ -317,13 +318,17 @@ def build_deletion_worker(
     settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
 ) -> WorkerParts:
     """The ledger of ``stores``: requests and acknowledgements, plus redelivery,
-    verification and the deletion metrics."""
+    verification and the deletion metrics. Its duties run once among its replicas: where the
+    deletion duties' lease leads (the retention schedule takes a lock per round)."""
     projection = ledger_projection(settings, metrics, stores)
 
     def maintenance(parts: Resources) -> list[Service]:
         # The verification probe reads every store: each is opened here, read-only.
         opened = stores.open_all(StoreSupplies(settings, parts.pool))
+        # Before the duties: it starts first and stops last (mode stops in reverse).
+        lease = Lease(in_postgres(settings.postgres_conninfo), DELETION_DUTIES, metrics)
         return [
+            lease,
             LedgerMaintenance(
                 parts.pool,
                 parts.publisher,
@@ -338,6 +343,7 @@ def build_deletion_worker(
                 if settings.deletion_purge_check_seconds > 0
                 else None,
                 purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
+                lease=lease,
             ),
             # Retention and expiry issue their erasures (streams.retention).
             RetentionScheduler(
@@ -348,7 +354,7 @@ def build_deletion_worker(
                 retention_settings(settings),
             ),
             # Topic lifetimes: memory.current's segments roll (streams.compaction).
-            *segment_rollers(settings, metrics),
+            *segment_rollers(settings, metrics, lease),
         ]
 
     # Requests and acknowledgements each on a consumer of their own: under load the stores
@@ -357,6 +363,11 @@ def build_deletion_worker(
     return build_projection_worker(
         settings, metrics, port, projection, maintenance, agent_per_input=True
     )
+
+
+# The leases of the duties that run once among a kind's replicas (streams.coordination).
+DELETION_DUTIES = "deletion-maintenance"
+MONITOR_DUTIES = "monitor"
 
 
 # How a derived store is kept up to date from a stream besides tombstones (``STORE_FEEDS``):
@@ -427,8 +438,15 @@ STORE_FEEDS: dict[str, Feed] = {
 def build_monitor_worker(
     settings: Settings, metrics: Metrics, port: int, stores: StoreRegistry
 ) -> WorkerParts:
-    """Consumer lag of every memproj group and the ghost audit of every one of ``stores``."""
+    """Consumer lag of every memproj group and the ghost audit of every one of ``stores``,
+    collected and exported by the monitor that leads (the others stand by)."""
     pool = make_pool(settings.postgres_conninfo, settings.postgres_pool_size)
+    lease = Lease(
+        in_postgres(settings.postgres_conninfo),
+        MONITOR_DUTIES,
+        metrics,
+        metrics.monitor_standing_by,
+    )
     monitor = MonitorService(
         LagCollector(settings.kafka, settings.group_prefix),
         pool,
@@ -436,11 +454,13 @@ def build_monitor_worker(
         metrics,
         timedelta(seconds=settings.monitor_interval_seconds),
         timedelta(seconds=settings.audit_interval_seconds),
+        lease=lease,
     )
     state = WorkerState(None, in_group=False)
     services: list[Service] = [
         probe_service(settings, metrics, port, state),
         DatabaseService(pool),
+        lease,
         monitor,
     ]
     budget = ShutdownBudget(settings.shutdown_timeout_seconds)
@@ -494,8 +514,6 @@ class WorkerRegistry:
                 9103,
                 partial(build_deletion_worker, stores=stores),
                 len(LedgerProjection.input_specs),  # requests, acknowledgements
-                single="its maintenance (redelivery, verification, segment rolls) runs in "
-                "every process",
                 reads_every_store=True,
             ),
             *(self._store_kind(store) for store in stores),
@@ -504,7 +522,6 @@ class WorkerRegistry:
                 9108,
                 partial(build_monitor_worker, stores=stores),
                 0,
-                single="two would report every lag and ghost gauge twice",
                 reads_every_store=True,
             ),
         ]

@@ -155,23 +155,6 @@ async def save_verification(
 
 # -- purge: the second milestone (projections.deletion.purge) ----------------------------------
 
-_PURGE_LOCK = "memproj:deletion-purge"
-
-
-async def try_purge_lock(conn: Conn) -> bool:
-    """The purge duty's session lock: one deletion worker runs a round at a time (its checks
-    vacuum and read whole topics; two at once would only do it twice). Released by
-    ``purge_unlock``, or when the connection closes."""
-    cursor = await conn.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_PURGE_LOCK,)
-    )
-    row = await cursor.fetchone()
-    return bool(row and row[0])
-
-
-async def purge_unlock(conn: Conn) -> None:
-    await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (_PURGE_LOCK,))
-
 
 async def completed_unscheduled(conn: Conn, limit: int = 500) -> list[Tombstone]:
     """Completed deletions whose places are not written yet, oldest first."""

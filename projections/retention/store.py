@@ -104,17 +104,6 @@ async def record_issued(conn: Conn, issues: Sequence[Issue], now: datetime) -> s
     return recorded
 
 
-async def try_lead_round(conn: Conn) -> bool:
-    """Whether this transaction leads the round: normally one replica issues, the others
-    skip it (correctness does not rest on it: ``record_issued`` and the ledger's
-    idempotency do)."""
-    cursor = await conn.execute(
-        "SELECT pg_try_advisory_xact_lock(hashtextextended('memproj:retention-schedule', 0))"
-    )
-    row = await cursor.fetchone()
-    return bool(row and row[0])
-
-
 _LIVE = (
     f"SELECT c.tenant_id, c.retention_class AS class, {_PERIOD} AS period,"
     f" coalesce(c.last_message_at, c.started_at) + make_interval(secs => {_PERIOD}) AS due_at,"

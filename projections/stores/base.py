@@ -95,6 +95,9 @@ class DerivedStore(ABC):
     # Why only one worker of the store may run at a time (its deployment stops the old one
     # before it starts the new one); None: its workers share the tombstones' partitions.
     single_writer: ClassVar[str | None] = None
+    # A setting under which only one worker of the store may write, and why: its deployment
+    # says so (an overlay sets one replica); None: any setting scales.
+    single_writer_with: ClassVar[tuple[str, str] | None] = None
     # Its files on the worker's disk; None: it keeps its data in PostgreSQL or Redis.
     volume: ClassVar[StoreVolume | None] = None
     # How long the store may take to acknowledge a tombstone before the ledger reports it

@@ -62,6 +62,10 @@ class EmbeddingsStore(DerivedStore):
     # The vectors are in PostgreSQL (MEMPROJ_VECTOR_STORE=postgres): any number of writers,
     # no files. With lancedb, one writer on a volume: ops/DEPLOY.md, "LanceDB instead".
     single_writer = None
+    single_writer_with = (
+        "MEMPROJ_VECTOR_STORE=lancedb",
+        "LanceDB's history purge assumes one writer process, on the volume of its files",
+    )
     volume = None
 
     def __init__(

@@ -19,6 +19,8 @@ BEFORE_WORKERS = (
 )
 AFTER_WORKERS = ("api.yaml",)
 WORKERS_DIRECTORY = "workers"
+# Every kind that scales runs this many: one can die, or be drained, while the other works.
+REPLICAS = 2
 # MEMPROJ_DATA_DIR in configmap.yaml: the pods' data volume, where the store volumes mount.
 DATA_DIR = "/data"
 GENERATED = (
@@ -82,12 +84,20 @@ def _about(kind: WorkerKind, workers: WorkerRegistry) -> str:
         text += comment(
             "Scales by partition: each replica joins the kind's consumer group (up to the "
             "partition count of its input topics; rebalances are safe, see README "
-            "'Rebalance-safe')."
+            "'Rebalance-safe'). Duties that run once (the ledger's maintenance, raw-input "
+            "trims, segment rolls, the monitor's gauges) are led by one replica at a time "
+            "through a PostgreSQL lease (streams/coordination.py); a survivor takes them over."
         )
     else:
         text += comment(
             f"One at a time: {kind.single}. So one replica runs, and Recreate stops the old "
             "pod before the new one starts."
+        )
+    if kind.store is not None and kind.store.single_writer_with is not None:
+        setting, why = kind.store.single_writer_with
+        text += comment(
+            f"With {setting}: one replica with Recreate ({why}); the overlay of "
+            "ops/DEPLOY.md, 'LanceDB instead', sets it."
         )
     if kind.store is not None and kind.store.volume is not None:
         volume = kind.store.volume
@@ -169,7 +179,7 @@ def worker_manifest(kind: WorkerKind, workers: WorkerRegistry = WORKERS) -> str:
         "metadata:\n"
         f"  name: memproj-{name}\n"
         "  labels:\n" + _labels(name, "    ") + "spec:\n"
-        "  replicas: 1\n"
+        f"  replicas: {REPLICAS if kind.single is None else 1}\n"
         "  revisionHistoryLimit: 3\n"
         f"  strategy:\n{strategy}"
         "  selector:\n"
@@ -267,9 +277,7 @@ def worker_manifest(kind: WorkerKind, workers: WorkerRegistry = WORKERS) -> str:
         "metadata:\n"
         f"  name: memproj-{name}\n"
         "  labels:\n" + _labels(name, "    ") + "spec:\n"
-        "  # Evictions (drains) take one pod at a time; a single-replica kind may be evicted,"
-        " since\n"
-        "  # a PDB that allowed none would block every node drain.\n"
+        "  # Evictions (drains) take one pod at a time: the other replica goes on meanwhile.\n"
         "  maxUnavailable: 1\n"
         "  selector:\n"
         "    matchLabels:\n" + _labels(name, "      ")

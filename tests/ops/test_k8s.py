@@ -31,7 +31,7 @@ RESOURCE_FILES: list[str] = KUSTOMIZATION["resources"]
 # The oldest Kubernetes release the manifests are meant for, and the newest the package knows.
 KUBERNETES_VERSIONS = ("1.30.0", latest_version())
 
-# The kinds that run one at a time (the registry says why: their duties run in every process).
+# The kinds that run one at a time (the registry says why); none with the default settings.
 SINGLE_KINDS = {name for name, kind in WORKERS.kinds.items() if kind.single is not None}
 SECRETS_MOUNT = "/var/run/secrets/memproj"
 API = "memproj-api"  # the HTTP API's Deployment, Service and PodDisruptionBudget (api.yaml)
@@ -187,6 +187,20 @@ def test_every_worker_deployment_is_the_same_but_for_its_own_parts() -> None:
         rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
         expected = {"type": "Recreate"} if kind in SINGLE_KINDS else rolling
         assert deployment(kind)["spec"]["strategy"] == expected, kind
+
+
+def test_every_worker_kind_runs_two_replicas_and_no_claim_with_the_default_store() -> None:
+    assert not SINGLE_KINDS
+    for kind in WORKER_KINDS:
+        spec = deployment(kind)["spec"]
+        assert spec["replicas"] == 2, kind
+        claims = [v for v in spec["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        assert not claims, kind
+    # The LanceDB option keeps one embeddings writer: its manifest says so.
+    assert "MEMPROJ_VECTOR_STORE=lancedb: one replica" in " ".join(
+        line.lstrip("# ")
+        for line in (BASE / "workers" / "embeddings.yaml").read_text().splitlines()
+    )
 
 
 def test_every_worker_kind_has_a_disruption_budget_for_its_pods() -> None:
