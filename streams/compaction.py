@@ -10,10 +10,11 @@ A quiet partition would keep its erased values forever.
 
 So the deletion worker that leads its duties checks each partition every
 ``MEMPROJ_COMPACTION_ROLL_CHECK_SECONDS``: when the newest record is older than
-``segment.ms`` and is not already a roll marker, it appends a marker, a null value for the key ``":"`` (the empty tenant and memory ids, which no
-contract id can be: ids are at least one character) with the header ``memproj:
-segment-roll``. The append rolls the segment (its first record is older than ``segment.ms``),
-the marker opens the new active segment alone, and every real record is in a cleanable one.
+``segment.ms`` and is not already a roll marker, it appends a marker, a null value for the key
+``":"`` (the empty tenant and memory ids, which no contract id can be: ids are at least one
+character) with the header ``memproj: segment-roll``. The append rolls the segment (its first
+record is older than ``segment.ms``), the marker opens the new active segment alone, and
+every real record is in a cleanable one.
 Markers compact away like any other null. To a reader of ``memory.current`` a marker says
 that a memory that never existed is gone: harmless, and memproj's own readers (the
 embeddings index, the cache) remove nothing for it.
