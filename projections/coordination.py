@@ -26,7 +26,7 @@ import psycopg
 from projections.bookkeeping import Conn
 
 # The lock of a duty: a 64-bit hash of the schema and the duty's name.
-_KEY = "hashtextextended(current_schema() || ':memproj:' || %s, 0)"
+_KEY = "hashtextextended(coalesce(current_schema(), '') || ':memproj:' || %s, 0)"
 
 # What a replica saw of its lease this round: its session still alive (it held the lock),
 # the lock acquired or refused (it did not), or the database unreachable.
@@ -112,6 +112,11 @@ class PostgresLockSession:
 
     async def alive(self) -> bool:
         return not self._conn.closed and await alive(self._conn)
+
+    @property
+    def backend_pid(self) -> int:
+        """The server process of the session (what an operator terminates to move a duty)."""
+        return self._conn.info.backend_pid
 
     async def close(self) -> None:
         await self._conn.close()
