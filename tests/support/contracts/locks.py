@@ -1,7 +1,7 @@
 """The duty locks' contract (``projections.coordination.LockSession``): one session holds a
 duty at a time, holds it again for as long as it lives, and releases it by ending.
 
-Run against the in-memory fake and against PostgreSQL (tests/projections/test_coordination.py,
+Run against the in-memory fake and against PostgreSQL (tests/projections/test_duty_locks.py,
 the latter under the integration marker). A backend gives ``sessions``: a way to open a new
 session on one shared lock space, run in its own event loop by ``run``.
 """
