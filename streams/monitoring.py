@@ -50,27 +50,32 @@ class MonitorService(Service):
         self._interval = interval.total_seconds()
         self._audit_interval = audit_interval.total_seconds()
         self._clock = clock
-        self._last_audit = 0.0
+        self._last_audit = float("-inf")
         super().__init__(**kwargs)
 
     @Service.task
     async def _duties(self) -> None:
         while not self.should_stop:
-            if self._lease is not None and not await self._lease.leads():
-                # The leader's audit is not this replica's: a new leader audits at once.
-                self._last_audit = 0.0
-                await self.sleep(self._interval)
-                continue
-            try:
-                self._metrics.consumer_lag(await asyncio.to_thread(self._lag.collect))
-            except Exception:
-                log.exception("monitor: lag collection failed")
-            if time.monotonic() - self._last_audit >= self._audit_interval:
-                try:
-                    await self.audit()
-                except Exception:
-                    log.exception("monitor: ghost audit failed")
+            await self.round()
             await self.sleep(self._interval)
+
+    async def round(self) -> bool:
+        """One round, where this monitor leads: lag, and the ghost audit when it is due.
+        Whether it led."""
+        if self._lease is not None and not await self._lease.leads():
+            # The leader's audit is not this replica's: a new leader audits at once.
+            self._last_audit = float("-inf")
+            return False
+        try:
+            self._metrics.consumer_lag(await asyncio.to_thread(self._lag.collect))
+        except Exception:
+            log.exception("monitor: lag collection failed")
+        if time.monotonic() - self._last_audit >= self._audit_interval:
+            try:
+                await self.audit()
+            except Exception:
+                log.exception("monitor: ghost audit failed")
+        return True
 
     @property
     def stores(self) -> Sequence[DerivedStore]:

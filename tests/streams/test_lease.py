@@ -5,12 +5,15 @@ down and undoes what only a leader exports."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
 from streams.coordination import Lease
+from streams.lag import PartitionLag
 from streams.metrics import Metrics
+from streams.monitoring import MonitorService
 from support.fakes.locks import InMemoryLocks, InMemoryLockSession
 
 
@@ -102,5 +105,53 @@ def test_a_look_that_hangs_counts_as_failed() -> None:
     async def scenario() -> None:
         hanging = Lease(connect, "duty", Metrics(CollectorRegistry()), timeout_seconds=0.05)
         assert not await hanging.leads()
+
+    asyncio.run(scenario())
+
+
+class Lags:
+    """A lag collector that counts its collections."""
+
+    def __init__(self) -> None:
+        self.collected = 0
+
+    def collect(self) -> list[PartitionLag]:
+        self.collected += 1
+        return [PartitionLag("memproj-memory", "memory.events", 0, 5, 7, 2, 1.5)]
+
+
+def lag_series(metrics: Metrics) -> float | None:
+    labels = {"group": "memproj-memory", "topic": "memory.events", "partition": "0"}
+    return metrics.registry.get_sample_value("memproj_consumer_lag_messages", labels)
+
+
+def test_only_the_leading_monitor_collects_and_exports_the_lag() -> None:
+    async def scenario() -> None:
+        locks = InMemoryLocks()
+        monitors = []
+        for _ in range(2):
+            metrics = Metrics(CollectorRegistry())
+            lags = Lags()
+            monitor = MonitorService(
+                cast(Any, lags),
+                cast(Any, None),  # no database: the ghost audit fails, logged, and is retried
+                [],
+                metrics,
+                timedelta(seconds=1),
+                timedelta(hours=1),
+                lease=Lease(Opened(locks), "monitor", metrics, metrics.monitor_standing_by),
+            )
+            monitors.append((monitor, lags, metrics))
+        (leader, leader_lags, leader_metrics), (standby, standby_lags, standby_metrics) = monitors
+        assert [await leader.round(), await standby.round()] == [True, False]
+        assert (leader_lags.collected, standby_lags.collected) == (1, 0)
+        assert lag_series(leader_metrics) == 2
+        assert lag_series(standby_metrics) is None
+        # The leader's session fails; the standby takes over, and the old leader's series go.
+        (session,) = [s for s in locks.sessions if s.session_id == locks.holders["monitor"]]
+        session.drop()
+        assert [await standby.round(), await leader.round()] == [True, False]
+        assert lag_series(standby_metrics) == 2
+        assert lag_series(leader_metrics) is None
 
     asyncio.run(scenario())

@@ -253,7 +253,7 @@ def start(env: Env, replicas: int) -> dict[str, list[tuple[Any, int]]]:
             port = free_port()
             started[kind].append((env.worker(kind, metrics_port=port, **OPTIONS), port))
     for kind, workers in started.items():
-        for worker, port in workers:
+        for _, port in workers:
             env.wait_until(
                 partial(healthy, port),
                 f"{kind} answering /healthz",

@@ -11,10 +11,12 @@ class InMemoryLocks:
 
     def __init__(self) -> None:
         self.holders: dict[str, int] = {}
+        self.sessions: list[InMemoryLockSession] = []
         self._ids = itertools.count(1)
 
     async def session(self) -> InMemoryLockSession:
-        return InMemoryLockSession(self, next(self._ids))
+        self.sessions.append(InMemoryLockSession(self, next(self._ids)))
+        return self.sessions[-1]
 
 
 class InMemoryLockSession:
