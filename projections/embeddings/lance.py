@@ -24,6 +24,7 @@ from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
 from projections.embeddings.embedder import hashing_name
+from projections.embeddings.lexical import lexical_ranking, terms
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
     REPLAY_PREFIX,
@@ -31,6 +32,7 @@ from projections.embeddings.vectors import (
     Candidate,
     EmbedderMismatch,
     EntryRef,
+    LexicalCandidate,
     Match,
     MemoryOnly,
     RefHit,
@@ -423,6 +425,57 @@ class LanceVectorStore:
 
         rows: list[dict[str, Any]] = self._run(search).to_pylist()
         return rows
+
+    def lexical_candidates(
+        self,
+        tenant_id: str,
+        text: str,
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[LexicalCandidate]:
+        """The candidates' texts are read (through the tenant's and subject's scalar
+        indexes, in batches) and their terms taken as they are ranked: the table keeps no
+        text index, so an erasure has nothing more to remove and a table of this schema
+        searches as it is (ops/decisions/hybrid-retrieval.md)."""
+        wanted = terms(text)
+        if limit < 1 or not wanted or (only is not None and only.admits_nothing):
+            return []
+        where = tenant_filter(tenant_id, subject)
+        if only is not None:
+            where += f" AND {memory_only_filter(only)}"
+
+        def read(table: Table) -> tuple[int, dict[str, dict[str, Any]], list[tuple[str, set[str]]]]:
+            scan = (
+                table.search()
+                .where(where)
+                .select([*_CANDIDATE_COLUMNS, "text"])
+                .limit(None)
+                .to_batches(batch_size=SCAN_BATCH_ROWS)
+            )
+            total, rows, held = 0, {}, []
+            for batch in scan:
+                total += batch.num_rows
+                for row in batch.to_pylist():
+                    found = set(wanted).intersection(terms(row["text"]))
+                    if found:
+                        rows[row["id"]] = row
+                        held.append((row["id"], found))
+            return total, rows, held
+
+        total, rows, held = self._run(read)
+        return [
+            LexicalCandidate(
+                entry_id,
+                stored_kind(entry_id, row["kind"]),
+                row["tenant_id"],
+                row["memory_id"],
+                row["version"],
+                score,
+            )
+            for score, entry_id in lexical_ranking(wanted, held, total, limit)
+            for row in [rows[entry_id]]
+        ]
 
     def nearest(
         self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int

@@ -30,6 +30,14 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from projections.embeddings.lexical import lexical_ranking, terms
+from projections.embeddings.postgres_conditions import (
+    any_match_condition,
+    any_term_query,
+    candidates_condition,
+    columns,
+    match_condition,
+)
 from projections.embeddings.ranking import NearestIds, as_vectors, nearest, vector_bytes
 from projections.embeddings.vectors import (
     REPLAY_PREFIX,
@@ -37,6 +45,7 @@ from projections.embeddings.vectors import (
     Candidate,
     EmbedderMismatch,
     EntryRef,
+    LexicalCandidate,
     Match,
     MemoryOnly,
     RefHit,
@@ -64,6 +73,15 @@ _REF_COLUMNS = (
     "occurred_at",
 )  # fmt: skip
 _KEY = ("tenant_id", "collection", "id")
+# An entry's row (``_row``): its columns, then its text's search terms
+# (``projections.embeddings.lexical.terms``), kept as they are (no text search configuration
+# parses them again).
+_INSERT = sql.SQL(
+    "INSERT INTO vector_entries ({columns}, terms) VALUES ({values}, array_to_tsvector(%s::text[]))"
+).format(
+    columns=columns(("collection", *_COLUMNS)),
+    values=sql.SQL(", ").join(sql.Placeholder() * (len(_COLUMNS) + 1)),
+)
 
 
 def open_pool(conninfo: str, size: int = 4) -> Pool:
@@ -80,10 +98,6 @@ def open_pool(conninfo: str, size: int = 4) -> Pool:
     )
     pool.open(wait=True, timeout=60)
     return pool
-
-
-def _columns(names: Sequence[str]) -> sql.Composed:
-    return sql.SQL(", ").join(sql.Identifier(name) for name in names)
 
 
 class PostgresVectorStore:
@@ -186,17 +200,12 @@ class PostgresVectorStore:
         # In key order: two writers upserting overlapping batches lock rows in the same order
         # and never deadlock.
         rows = [self._row(latest[key]) for key in sorted(latest)]
-        names = ("collection", *_COLUMNS)
-        statement = sql.SQL(
-            "INSERT INTO vector_entries ({columns}) VALUES ({values})"
-            " ON CONFLICT ({key}) DO UPDATE SET {updates}"
-        ).format(
-            columns=_columns(names),
-            values=sql.SQL(", ").join(sql.Placeholder() * len(names)),
-            key=_columns(_KEY),
+        statement = sql.SQL("{insert} ON CONFLICT ({key}) DO UPDATE SET {updates}").format(
+            insert=_INSERT,
+            key=columns(_KEY),
             updates=sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(name))
-                for name in _COLUMNS
+                for name in (*_COLUMNS, "terms")
                 if name not in _KEY
             ),
         )
@@ -242,6 +251,7 @@ class PostgresVectorStore:
             vector_bytes(entry.vector),
             entry.memory_kind,
             entry.scope,
+            list(terms(entry.text)),
         )
 
     def remove(self, match: Match) -> int:
@@ -260,13 +270,9 @@ class PostgresVectorStore:
         this store's model: the collection now holds its vectors only."""
         latest = {(entry.tenant_id, entry.id): entry for entry in entries}
         rows = [self._row(latest[key]) for key in sorted(latest)]
-        statement = sql.SQL("INSERT INTO vector_entries ({columns}) VALUES ({values})").format(
-            columns=_columns(("collection", *_COLUMNS)),
-            values=sql.SQL(", ").join(sql.Placeholder() * (len(_COLUMNS) + 1)),
-        )
         with self._transaction() as cursor:
             cursor.execute("DELETE FROM vector_entries WHERE collection = %s", (self.collection,))
-            cursor.executemany(statement, rows)
+            cursor.executemany(_INSERT, rows)
             cursor.execute(
                 "UPDATE vector_collections SET model = %s, dim = %s, schema_version = %s"
                 " WHERE name = %s",
@@ -275,38 +281,8 @@ class PostgresVectorStore:
 
     # -- selecting --------------------------------------------------------------------------
 
-    def _match(self, match: Match) -> sql.Composable | None:
-        """The condition selecting exactly the entries ``match.matches`` in this collection;
-        None when the match is empty (it selects nothing)."""
-        alternatives: list[sql.Composable] = []
-        if match.subject is not None:
-            alternatives.append(
-                sql.SQL("(subject_type = {} AND subject_id = {})").format(
-                    sql.Literal(match.subject[0]), sql.Literal(match.subject[1])
-                )
-            )
-        for column, values in (
-            ("conversation_id", match.conversation_ids),
-            ("memory_id", match.memory_ids),
-            ("id", match.entry_ids),
-        ):
-            if values:
-                alternatives.append(
-                    sql.SQL("{} = ANY({}::text[])").format(
-                        sql.Identifier(column), sql.Literal(list(values))
-                    )
-                )
-        if not alternatives:
-            return None
-        return sql.SQL("(tenant_id = {} AND collection = {} AND ({}))").format(
-            sql.Literal(match.tenant_id),
-            sql.Literal(self.collection),
-            sql.SQL(" OR ").join(alternatives),
-        )
-
     def _any_match(self, matches: Sequence[Match]) -> sql.Composable | None:
-        conditions = [where for where in map(self._match, matches) if where is not None]
-        return sql.SQL(" OR ").join(conditions) if conditions else None
+        return any_match_condition(matches, self.collection)
 
     def find(self, match: Match) -> list[VectorEntry]:
         return self.find_any([match])
@@ -331,7 +307,7 @@ class PostgresVectorStore:
 
     def _select(self, where: sql.Composable) -> list[VectorEntry]:
         statement = sql.SQL("SELECT {} FROM vector_entries WHERE {}").format(
-            _columns(_COLUMNS), where
+            columns(_COLUMNS), where
         )
         with self._statement() as cursor:
             rows = cursor.execute(statement).fetchall()
@@ -344,11 +320,11 @@ class PostgresVectorStore:
 
     def find_refs(self, match: Match, batch_rows: int) -> Iterator[list[EntryRef]]:
         """A server-side cursor: a batch of ``batch_rows`` at a time crosses the wire."""
-        where = self._match(match)
+        where = match_condition(match, self.collection)
         if where is None:
             return
         statement = sql.SQL("SELECT {} FROM vector_entries WHERE {}").format(
-            _columns(_REF_COLUMNS), where
+            columns(_REF_COLUMNS), where
         )
         self._check()
         with (
@@ -362,35 +338,6 @@ class PostgresVectorStore:
                 yield [_ref(row) for row in rows]
 
     # -- ranking ----------------------------------------------------------------------------
-
-    def _candidates(
-        self,
-        tenant_id: str,
-        subject: tuple[str, str] | None,
-        only: MemoryOnly | None,
-    ) -> sql.Composable:
-        """The condition a search ranks within: the tenant, its subject, the kinds and
-        scopes ``only`` admits. The ranking never sees another entry."""
-        conditions: list[sql.Composable] = [
-            sql.SQL("tenant_id = {}").format(sql.Literal(tenant_id)),
-            sql.SQL("collection = {}").format(sql.Literal(self.collection)),
-        ]
-        if subject is not None:
-            conditions.append(
-                sql.SQL("subject_type = {} AND subject_id = {}").format(
-                    sql.Literal(subject[0]), sql.Literal(subject[1])
-                )
-            )
-        if only is not None:
-            conditions.append(sql.SQL("kind = 'memory'"))
-            for column, admitted in (("memory_kind", only.kinds), ("scope", only.scopes)):
-                if admitted is not None:
-                    conditions.append(
-                        sql.SQL("{} = ANY({}::text[])").format(
-                            sql.Identifier(column), sql.Literal(sorted(admitted))
-                        )
-                    )
-        return sql.SQL(" AND ").join(conditions)
 
     def _check_query(self, vector: Sequence[float]) -> None:
         if len(vector) != self.dim:
@@ -459,7 +406,8 @@ class PostgresVectorStore:
         self._check_query(vector)
         if limit < 1 or (only is not None and only.admits_nothing):
             return []
-        return self._rank(vector, limit, self._candidates(tenant_id, subject, only))
+        where = candidates_condition(self.collection, tenant_id, subject, only)
+        return self._rank(vector, limit, where)
 
     def search(
         self,
@@ -491,6 +439,41 @@ class PostgresVectorStore:
             )
         ]
 
+    def lexical_candidates(
+        self,
+        tenant_id: str,
+        text: str,
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[LexicalCandidate]:
+        """The candidates holding one of the query's terms (through the terms' GIN index or
+        the subject's), each with the terms it holds of the query's only, and how many
+        candidates there are: the weights of ``lexical_ranking`` are exact without reading
+        an entry that matches nothing."""
+        wanted = terms(text)
+        if limit < 1 or not wanted or (only is not None and only.admits_nothing):
+            return []
+        where = candidates_condition(self.collection, tenant_id, subject, only)
+        statement = sql.SQL(
+            "SELECT id, kind, memory_id, version,"
+            " ARRAY(SELECT term FROM unnest(tsvector_to_array(terms)) AS term"
+            "  WHERE term = ANY({wanted}::text[])),"
+            " (SELECT count(*) FROM vector_entries WHERE {where})"
+            " FROM vector_entries WHERE {where} AND terms @@ {query}"
+        ).format(wanted=sql.Literal(list(wanted)), where=where, query=any_term_query(wanted))
+        with self._statement() as cursor:
+            rows = cursor.execute(statement).fetchall()
+        if not rows:
+            return []
+        found = {row[0]: row for row in rows}
+        ranked = lexical_ranking(wanted, [(row[0], row[4]) for row in rows], rows[0][5], limit)
+        return [
+            LexicalCandidate(i, stored_kind(i, kind), tenant_id, memory_id, version, score)
+            for score, i in ranked
+            for _, kind, memory_id, version, *_ in [found[i]]
+        ]
+
     def nearest(
         self, tenant_id: str, vectors: Sequence[Sequence[float]], limit: int
     ) -> list[list[RefHit]]:
@@ -502,7 +485,7 @@ class PostgresVectorStore:
             return [[] for _ in vectors]
         ranking = NearestIds(np.asarray(vectors, dtype=np.float32), limit)
         statement = sql.SQL("SELECT id, vector FROM vector_entries WHERE {}").format(
-            self._candidates(tenant_id, None, None)
+            candidates_condition(self.collection, tenant_id, None, None)
         )
         self._check()
         with (

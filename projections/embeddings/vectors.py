@@ -156,6 +156,19 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
+class LexicalCandidate:
+    """A hit of ``lexical_candidates``: a ``Candidate`` ranked by the words it shares with the
+    query (``projections.embeddings.lexical``), without its text or vector."""
+
+    id: str
+    kind: EntryKind
+    tenant_id: str
+    memory_id: str | None
+    version: int
+    score: float  # higher is better; only the order means anything
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     """Entries of one tenant that belong to a subject, to conversations, to memories, or that
     have one of the given ids.
@@ -317,6 +330,21 @@ class VectorStore(Protocol):
     ) -> list[Candidate]:
         """``search``'s hits without their text or vector, nearest first: what a read ranks
         and then hydrates from the projection, which holds the content."""
+        ...
+
+    def lexical_candidates(
+        self,
+        tenant_id: str,
+        text: str,
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[LexicalCandidate]:
+        """The ``limit`` entries of the tenant (and subject; with ``only``, memories of its
+        kinds and scopes) that best match ``text`` word for word, best first (ties by id):
+        the search terms of ``projections.embeddings.lexical`` scored by its
+        ``lexical_ranking`` among the same candidates ``search`` ranks. An entry sharing no
+        term with ``text`` is no hit."""
         ...
 
     def nearest(

@@ -383,6 +383,101 @@ class VectorStoreContract:
             store.search("tenant-a", [1.0, 0.0], limit=1)
         assert store.search("tenant-a", EMBEDDER.embed(["anything"])[0], limit=0) == []
 
+    # -- lexical search ------------------------------------------------------------------
+
+    def test_lexical_search_finds_ids_written_any_way(self, store: VectorStore) -> None:
+        invoices = [
+            memory("m1", "invoice INV-2024-0042 was paid by bank transfer"),
+            memory("m2", "invoice INV-2024-0043 is overdue"),
+            memory("m3", "invoice INV-2023-0042 was disputed"),
+            memory("m4", "ticket TCK-88123 about the broken login"),
+            memory("m5", "ordered SKU AB-12-X twice; Müller signed for it"),
+        ]
+        store.upsert(invoices)
+
+        def first(text: str) -> str | None:
+            hits = store.lexical_candidates("tenant-a", text, 5, subject=("user", "u1"))
+            return hits[0].memory_id if hits else None
+
+        assert first("INV-2024-0042") == "m1"
+        assert first("what happened to inv20240042?") == "m1"
+        assert first("inv 2024 0042") == "m1"
+        assert first("status of TCK-88123") == "m4"
+        assert first("sku ab-12-x") == "m5"
+        assert first("MÜLLER") == "m5"
+        assert first("nothing shared") is None
+        hits = store.lexical_candidates("tenant-a", "invoice INV-2024-0042", 5)
+        assert [hit.memory_id for hit in hits][:1] == ["m1"]
+        assert {hit.memory_id for hit in hits} == {"m1", "m2", "m3"}
+        assert [hit.score for hit in hits] == sorted((hit.score for hit in hits), reverse=True)
+        (hit,) = store.lexical_candidates("tenant-a", "TCK-88123", 1)
+        assert (hit.id, hit.kind, hit.tenant_id, hit.version) == (
+            invoices[3].id,
+            "memory",
+            "tenant-a",
+            1,
+        )
+
+    def test_lexical_search_ranks_within_the_tenant_subject_kinds_and_scopes(
+        self, store: VectorStore
+    ) -> None:
+        text = "ticket TCK-88123"
+        store.upsert(
+            [
+                memory("mine", text),
+                memory("fact", text, memory_kind="fact", scope="team"),
+                memory("bob", text, subject=("user", "bob")),
+                memory("theirs", text, tenant_id="tenant-b"),
+                message("c1", "msg1", text),
+            ]
+        )
+
+        def found(
+            only: MemoryOnly | None = None, subject: tuple[str, str] | None = None
+        ) -> set[str]:
+            hits = store.lexical_candidates("tenant-a", text, 10, subject=subject, only=only)
+            assert all(hit.tenant_id == "tenant-a" for hit in hits)
+            return {hit.id for hit in hits}
+
+        assert found() == {
+            a_memory("mine"), a_memory("fact"), a_memory("bob"), a_message("c1", "msg1")
+        }  # fmt: skip
+        assert found(subject=("user", "u1")) == {
+            a_memory("mine"), a_memory("fact"), a_message("c1", "msg1")
+        }  # fmt: skip
+        assert found(MemoryOnly(), ("user", "u1")) == {a_memory("mine"), a_memory("fact")}
+        assert found(MemoryOnly(kinds=frozenset({"fact"}))) == {a_memory("fact")}
+        assert found(MemoryOnly(scopes=frozenset({"user"})), ("user", "u1")) == {a_memory("mine")}
+        assert found(MemoryOnly(kinds=frozenset())) == set()
+        assert store.lexical_candidates("tenant-a", text, 0) == []
+        assert store.lexical_candidates("tenant-a", "", 5) == []
+        assert store.lexical_candidates("tenant-c", text, 5) == []
+
+    def test_lexical_search_follows_upserts_erasures_and_rebuilds(self, store: VectorStore) -> None:
+        secret = memory("m1", "the door code of TCK-88123 is 4711")
+        store.upsert([secret, memory("m2", "likes jazz")])
+        store.upsert([dataclasses.replace(memory("m2", "likes TCK-88123"), version=2)])
+        hits = store.lexical_candidates("tenant-a", "TCK-88123", 5)
+        assert {(hit.memory_id, hit.version) for hit in hits} == {("m1", 1), ("m2", 2)}
+
+        erased = erase(
+            store, tombstone("tenant-a", ("memory", "m1"), [TombstoneItem(type="memory", id="m1")])
+        )
+
+        assert erased.removed == 1 and erased.reachable == []
+        assert [hit.memory_id for hit in store.lexical_candidates("tenant-a", "4711", 5)] == []
+        store.replace_all([memory("m3", "rebuilt with TCK-88123")])
+        hits = store.lexical_candidates("tenant-a", "tck-88123", 5)
+        assert [hit.memory_id for hit in hits] == ["m3"]
+
+    def test_lexical_search_quotes_hostile_text(self, store: VectorStore) -> None:
+        odd = memory("m1", "o'hara's back\\slash 100%_like x' OR '1'='1 & | ! <-> :*")
+        store.upsert([odd, memory("m2", "plain")])
+        for text in ["o'hara", "x' OR '1'='1", "& | ! <-> :*", "\\", "100%_like", "'"]:
+            hits = store.lexical_candidates("tenant-a", text, 5)
+            assert [hit.memory_id for hit in hits] in ([], ["m1"]), text
+        assert [h.memory_id for h in store.lexical_candidates("tenant-a", "o'hara", 5)] == ["m1"]
+
     def test_nearest_ranks_many_query_vectors_as_search_ranks_each(
         self, store: VectorStore
     ) -> None:

@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from projections.embeddings.lexical import lexical_ranking, terms
 from projections.embeddings.vectors import (
     Candidate,
     EntryRef,
+    LexicalCandidate,
     Match,
     MemoryOnly,
     RefHit,
@@ -84,14 +86,37 @@ class InMemoryVectorStore:
         self._check_query(vector)
         if limit < 1 or (only is not None and only.admits_nothing):
             return []
-        admitted = [
+        admitted = self._admitted(tenant_id, subject, only)
+        return [VectorHit(entry, distance) for distance, entry in _ranked(vector, admitted, limit)]
+
+    def _admitted(
+        self, tenant_id: str, subject: tuple[str, str] | None, only: MemoryOnly | None
+    ) -> list[VectorEntry]:
+        return [
             entry
             for (tenant, _), entry in self._live.items()
             if tenant == tenant_id
             and (subject is None or (entry.subject_type, entry.subject_id) == subject)
             and (only is None or only.admits(entry))
         ]
-        return [VectorHit(entry, distance) for distance, entry in _ranked(vector, admitted, limit)]
+
+    def lexical_candidates(
+        self,
+        tenant_id: str,
+        text: str,
+        limit: int,
+        subject: tuple[str, str] | None = None,
+        only: MemoryOnly | None = None,
+    ) -> list[LexicalCandidate]:
+        if limit < 1 or (only is not None and only.admits_nothing):
+            return []
+        admitted = {entry.id: entry for entry in self._admitted(tenant_id, subject, only)}
+        documents = [(entry.id, terms(entry.text)) for entry in admitted.values()]
+        return [
+            LexicalCandidate(e.id, e.kind, e.tenant_id, e.memory_id, e.version, score)
+            for score, entry_id in lexical_ranking(terms(text), documents, len(documents), limit)
+            for e in [admitted[entry_id]]
+        ]
 
     def search_candidates(
         self,
