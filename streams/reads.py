@@ -34,7 +34,8 @@ from projections.deletion import guard as erasure_guard
 from projections.deletion import queries as ledger_queries
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
-from projections.embeddings.vectors import MemoryOnly, VectorStore, check_embedder
+from projections.embeddings.lexical import fuse
+from projections.embeddings.vectors import MemoryOnly, SearchMode, VectorStore, check_embedder
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from topics.outputs import MemoryRecord
@@ -162,25 +163,23 @@ async def recall(conn: Conn, cache: RecallCache, query: RecallQuery, now: dateti
     return Hydrated(records)
 
 
-async def recall_by_text(
-    conn: Conn,
-    vectors: VectorStore,
-    embedder: Embedder,
-    query: RecallQuery,
-    text: str,
-    now: datetime,
-) -> Hydrated:
-    """Semantic recall: the vector store proposes (ranking the subject's memories of the
-    query's kinds and scopes only), the projection and the ledger decide.
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A ranked candidate of a search by text, whichever ranking proposed it."""
 
-    The text is embedded and the candidates ranked in a worker thread (both are CPU work that
-    would stall every other request on the event loop). The ranking answers ids and versions
-    only; the candidates are hydrated in rank order, as many at a time as answers are still
-    missing, so a read hydrates what it returns plus what the guard or the filters drop on
-    the way, not every candidate."""
+    id: str
+    kind: str
+    tenant_id: str
+    memory_id: str | None
+    version: int
+
+
+async def _semantic(
+    vectors: VectorStore, embedder: Embedder, query: RecallQuery, text: str
+) -> list[Ranked]:
     check_embedder(vectors, embedder.name)
     (vector,) = await asyncio.to_thread(embedder.embed, [text])
-    ranked = await asyncio.to_thread(
+    found = await asyncio.to_thread(
         vectors.search_candidates,
         query.tenant_id,
         vector,
@@ -188,6 +187,57 @@ async def recall_by_text(
         (query.subject_type, query.subject_id),
         confinement(query),
     )
+    return [Ranked(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in found]
+
+
+async def _lexical(vectors: VectorStore, query: RecallQuery, text: str) -> list[Ranked]:
+    found = await asyncio.to_thread(
+        vectors.lexical_candidates,
+        query.tenant_id,
+        text,
+        query.limit * CANDIDATES_PER_RESULT,
+        (query.subject_type, query.subject_id),
+        confinement(query),
+    )
+    return [Ranked(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in found]
+
+
+async def rank_by_text(
+    vectors: VectorStore, embedder: Embedder, query: RecallQuery, text: str, mode: SearchMode
+) -> list[Ranked]:
+    """The candidates of a search by text, best first: by meaning, by shared words, or both
+    rankings (run side by side) fused by reciprocal rank (``lexical.fuse``)."""
+    if mode == "semantic":
+        return await _semantic(vectors, embedder, query, text)
+    if mode == "lexical":
+        return await _lexical(vectors, query, text)
+    semantic, lexical = await asyncio.gather(
+        _semantic(vectors, embedder, query, text), _lexical(vectors, query, text)
+    )
+    by_id = {candidate.id: candidate for candidate in [*lexical, *semantic]}
+    fused = fuse([[c.id for c in semantic], [c.id for c in lexical]])
+    return [by_id[entry_id] for entry_id in fused[: query.limit * CANDIDATES_PER_RESULT]]
+
+
+async def recall_by_text(
+    conn: Conn,
+    vectors: VectorStore,
+    embedder: Embedder,
+    query: RecallQuery,
+    text: str,
+    now: datetime,
+    mode: SearchMode = "hybrid",
+) -> Hydrated:
+    """Recall by text: the vector store proposes (ranking the subject's memories of the
+    query's kinds and scopes only, by meaning, by shared words or both: ``mode``), the
+    projection and the ledger decide.
+
+    The text is embedded and the candidates ranked in worker threads (both are CPU work that
+    would stall every other request on the event loop). The ranking answers ids and versions
+    only; the candidates are hydrated in rank order, as many at a time as answers are still
+    missing, so a read hydrates what it returns plus what the guard or the filters drop on
+    the way, not every candidate."""
+    ranked = await rank_by_text(vectors, embedder, query, text, mode)
     candidates = [
         (candidate.memory_id, candidate.version)
         for candidate in ranked

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from projections.conversation.context import ContextSettings
 from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
-from projections.embeddings.vectors import VectorStoreKind
+from projections.embeddings.vectors import SearchMode, VectorStoreKind
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
@@ -173,6 +173,16 @@ class Settings(BaseSettings):
         "embedded LanceDB directory in <data dir>/lancedb: one embeddings worker, and every "
         "process that opens the store on its node). A change starts from an empty store: "
         "rebuild it with `memproj replay embeddings`",
+    )
+    search_mode: SearchMode = Field(
+        "hybrid",
+        description="how a search by text (the API's search, recall --query) ranks a "
+        "subject's memories: hybrid (both rankings below fused by reciprocal rank: meaning "
+        "and exact words such as invoice numbers, ticket ids, product codes and names), "
+        "semantic (by the embedder's vectors only) or lexical (by the words shared with the "
+        "query only, an id like INV-2024-0042 kept whole). Entries indexed before the vector "
+        "store kept search terms are found by words once `memproj replay embeddings` rebuilt "
+        "them",
     )
     data_dir: Path = Field(
         Path(".stack/data"),

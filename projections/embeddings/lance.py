@@ -24,7 +24,7 @@ from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
 from projections.embeddings.embedder import hashing_name
-from projections.embeddings.lexical import lexical_ranking, terms
+from projections.embeddings.lexical import lexical_ranking, query_terms, terms
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
     REPLAY_PREFIX,
@@ -438,7 +438,7 @@ class LanceVectorStore:
         indexes, in batches) and their terms taken as they are ranked: the table keeps no
         text index, so an erasure has nothing more to remove and a table of this schema
         searches as it is (ops/decisions/hybrid-retrieval.md)."""
-        wanted = terms(text)
+        wanted = query_terms(text)
         if limit < 1 or not wanted or (only is not None and only.admits_nothing):
             return []
         where = tenant_filter(tenant_id, subject)

@@ -49,6 +49,32 @@ def terms(text: str) -> tuple[str, ...]:
     return tuple(sorted(list(found)[:MAX_TERMS]))
 
 
+# English function words: a query's ``the``, ``by`` or ``of`` carries no subject, and in a
+# subject of a few dozen memories its weight is no lower than an id's part (measured: with them
+# the lexical ranking proposed memories sharing only ``by`` with a paraphrase, and hybrid lost
+# recall on paraphrases; ops/decisions/hybrid-retrieval.md). Entries keep every term.
+FUNCTION_WORDS = frozenset(
+    [
+        "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
+        "been", "before", "being", "but", "by", "can", "could", "did", "do", "does", "doing",
+        "during", "each", "for", "from", "had", "has", "have", "having", "he", "her", "here",
+        "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just", "me",
+        "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or",
+        "other", "our", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than",
+        "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
+        "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when",
+        "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your"
+    ]
+)  # fmt: skip
+
+
+def query_terms(text: str) -> tuple[str, ...]:
+    """The terms a search looks for: ``terms`` without the function words, unless the query
+    is nothing but function words."""
+    found = terms(text)
+    return tuple(term for term in found if term not in FUNCTION_WORDS) or found
+
+
 def inverse_frequency(matching: int, total: int) -> float:
     """How much a term weighs when ``matching`` of the ``total`` candidates hold it (BM25's
     idf, never negative): a rare term (an id) outweighs a common one (a function word)."""

@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from projections.embeddings.lexical import lexical_ranking, terms
+from projections.embeddings.lexical import lexical_ranking, query_terms, terms
 from projections.embeddings.postgres_conditions import (
     any_match_condition,
     any_term_query,
@@ -451,7 +451,7 @@ class PostgresVectorStore:
         the subject's), each with the terms it holds of the query's only, and how many
         candidates there are: the weights of ``lexical_ranking`` are exact without reading
         an entry that matches nothing."""
-        wanted = terms(text)
+        wanted = query_terms(text)
         if limit < 1 or not wanted or (only is not None and only.admits_nothing):
             return []
         where = candidates_condition(self.collection, tenant_id, subject, only)

@@ -24,6 +24,12 @@ KINDS: tuple[EntryKind, ...] = ("memory", "message")
 # directory on one node's disk (``projections.embeddings.lance``).
 VectorStoreKind = Literal["postgres", "lancedb"]
 
+# How a search by text ranks a subject's memories (``MEMPROJ_SEARCH_MODE``): by meaning (the
+# embedder's vectors), by the words it shares with them (``lexical``: ids, codes, names kept
+# whole), or both fused by reciprocal rank (``hybrid``).
+SearchMode = Literal["hybrid", "semantic", "lexical"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "semantic", "lexical")
+
 # The version of a vector table's columns. 2: a memory's kind and scope (``memory_kind``,
 # ``scope``), which search filters by before ranking. Each store records it with its vectors
 # and refuses a table of another version (``VectorSchemaOutdated``) until it is rebuilt.

@@ -127,7 +127,9 @@ def recall(
                 return await reads.recall(conn, cache, query, now)
             vectors = open_vector_store(settings)
             embedder = build_embedder(settings)
-            return await reads.recall_by_text(conn, vectors, embedder, query, text, now)
+            return await reads.recall_by_text(
+                conn, vectors, embedder, query, text, now, settings.search_mode
+            )
         finally:
             await redis.aclose()
 

@@ -185,7 +185,7 @@ async def recall(
     "/subjects/{subject_type:segment}/{subject_id:segment}/search",
     response_model=MemoryList,
     responses=_SEARCH_ERRORS,
-    summary="Semantic search: a subject's memories nearest to a text",
+    summary="Search: a subject's memories nearest to a text, by meaning and exact words",
     operation_id="search",
 )
 async def search(
@@ -200,13 +200,21 @@ async def search(
     limit: LimitParam = 10,
 ) -> MemoryList:
     """The vector store ranks the tenant's and subject's memories of the kinds and scopes the
-    purpose and the request allow, and only those (filtered before ranking); each candidate is
-    hydrated through the projection and the erasure index, and those outside the request's
-    statuses or maximum age are dropped; ``blocked`` counts the guard's drops."""
+    purpose and the request allow, and only those (filtered before ranking), as the deployment
+    chose (MEMPROJ_SEARCH_MODE: by meaning and by exact words such as ids and names, fused;
+    or by one of them); each candidate is hydrated through the projection and the erasure
+    index, and those outside the request's statuses or maximum age are dropped; ``blocked``
+    counts the guard's drops."""
 
     async def hydrate(conn: Conn, query: RecallQuery) -> reads.Hydrated:
         return await reads.recall_by_text(
-            conn, services.vectors, services.embedder, query, text, services.clock()
+            conn,
+            services.vectors,
+            services.embedder,
+            query,
+            text,
+            services.clock(),
+            services.settings.search_mode,
         )
 
     subject = (subject_type, subject_id)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from projections.embeddings.lexical import lexical_ranking, terms
+from projections.embeddings.lexical import lexical_ranking, query_terms, terms
 from projections.embeddings.vectors import (
     Candidate,
     EntryRef,
@@ -112,9 +112,10 @@ class InMemoryVectorStore:
             return []
         admitted = {entry.id: entry for entry in self._admitted(tenant_id, subject, only)}
         documents = [(entry.id, terms(entry.text)) for entry in admitted.values()]
+        ranking = lexical_ranking(query_terms(text), documents, len(documents), limit)
         return [
             LexicalCandidate(e.id, e.kind, e.tenant_id, e.memory_id, e.version, score)
-            for score, entry_id in lexical_ranking(terms(text), documents, len(documents), limit)
+            for score, entry_id in ranking
             for e in [admitted[entry_id]]
         ]
 
