@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from projections.embeddings.lexical import terms
 from projections.embeddings.postgres import Pool, PostgresCollections, PostgresVectorStore
 from projections.embeddings.vectors import (
     SCHEMA_VERSION,
@@ -130,3 +131,29 @@ def test_a_zero_vector_is_stored_but_never_ranked(pool: Pool) -> None:
     vectors.upsert([zero, tea])
     assert [hit.entry.id for hit in vectors.search("tenant-a", tea.vector, 5)] == [tea.id]
     assert vectors.get("tenant-a", [zero.id]) == [zero]
+
+
+def test_the_terms_are_the_texts_own_and_go_with_the_row(pool: Pool) -> None:
+    """What the lexical index holds: the search terms of the row's text, nothing else; an
+    erasure's delete takes them with the vector, and a rebuild writes them again."""
+    vectors = store(pool)
+    secret = memory("m1", "door code of TCK-88123 is 4711")
+    vectors.upsert([secret, memory("m2", "likes jazz")])
+
+    def held(condition: str = "true") -> dict[str, list[str]]:
+        with pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT id, tsvector_to_array(terms) FROM vector_entries WHERE {condition}"
+            ).fetchall()
+        return {entry_id: sorted(found) for entry_id, found in rows}
+
+    assert held()[secret.id] == list(terms(secret.text))
+    vectors.upsert([dataclasses.replace(secret, text="door code changed")])
+    assert held()[secret.id] == list(terms("door code changed"))
+
+    vectors.remove(Match("tenant-a", memory_ids=("m1",)))
+
+    assert held("terms @@ '4711 | door'::tsquery") == {}
+    store(pool, adopt=True).replace_all([memory("m3", "rebuilt TCK-88123")])
+    assert list(held()) == [memory("m3", "x").id]
+    assert "tck-88123" in held()[memory("m3", "x").id]
