@@ -19,7 +19,7 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 # A word: letters and digits, optionally joined by one separator at a time (``AB-12-X``,
 # ``a.b``, ``10:30``). A separator at a word's end (a full stop, a dash) is no part of it.
@@ -82,6 +82,17 @@ def inverse_frequency(matching: int, total: int) -> float:
     return math.log(1.0 + (total - matching + 0.5) / (matching + 0.5))
 
 
+def term_weights(frequency: Mapping[str, int], total: int) -> dict[str, float]:
+    """The weight of each query term held by ``frequency[term]`` of ``total`` candidates."""
+    return {term: inverse_frequency(count, total) for term, count in frequency.items() if count}
+
+
+def score(weights: Mapping[str, float], held: Iterable[str]) -> float:
+    """A candidate's score: the weights of the query terms it holds, summed in term order (a
+    sum in another order may differ in the last bit, and ties go by id)."""
+    return sum(weights[term] for term in sorted(set(held)) if term in weights)
+
+
 def lexical_ranking(
     query: Iterable[str],
     documents: Sequence[tuple[str, Iterable[str]]],
@@ -89,16 +100,15 @@ def lexical_ranking(
     limit: int,
 ) -> list[tuple[float, str]]:
     """The ``limit`` best of ``documents`` (id, terms) for the ``query`` terms: (score, id),
-    best first, ties by id. A document's score is the sum of the weights of the query terms
-    it holds (``inverse_frequency`` among ``total`` candidates; ``documents`` must hold every
+    best first, ties by id. A document's ``score`` sums the weights of the query terms it
+    holds (``term_weights`` among ``total`` candidates; ``documents`` must hold every
     candidate that has one of the terms); one that holds none is left out."""
     wanted = frozenset(query)
     if limit < 1 or not wanted:
         return []
     held = [(entry_id, wanted.intersection(words)) for entry_id, words in documents]
-    frequency = Counter(term for _, found in held for term in found)
-    weight = {term: inverse_frequency(count, total) for term, count in frequency.items()}
-    scored = [(sum(weight[term] for term in found), entry_id) for entry_id, found in held if found]
+    weights = term_weights(Counter(term for _, found in held for term in found), total)
+    scored = [(score(weights, found), entry_id) for entry_id, found in held if found]
     scored.sort(key=lambda hit: (-hit[0], hit[1]))
     return scored[:limit]
 

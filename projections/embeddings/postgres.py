@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from projections.embeddings.lexical import lexical_ranking, query_terms, terms
+from projections.embeddings.lexical import query_terms, term_weights, terms
 from projections.embeddings.postgres_conditions import (
     any_match_condition,
     any_term_query,
@@ -447,31 +447,43 @@ class PostgresVectorStore:
         subject: tuple[str, str] | None = None,
         only: MemoryOnly | None = None,
     ) -> list[LexicalCandidate]:
-        """The candidates holding one of the query's terms (through the terms' GIN index or
-        the subject's), each with the terms it holds of the query's only, and how many
-        candidates there are: the weights of ``lexical_ranking`` are exact without reading
-        an entry that matches nothing."""
+        """Two statements, each one pass over the candidates: how many there are and how
+        many hold each query term (the weights, ``term_weights``), then the best ``limit`` of
+        those holding one (through the terms' GIN index or the subject's), scored in the
+        database so that only they cross the wire."""
         wanted = query_terms(text)
         if limit < 1 or not wanted or (only is not None and only.admits_nothing):
             return []
         where = candidates_condition(self.collection, tenant_id, subject, only)
+        counts = sql.SQL("SELECT count(*), {} FROM vector_entries WHERE {}").format(
+            sql.SQL(", ").join(
+                sql.SQL("count(*) FILTER (WHERE terms @@ {})").format(any_term_query([term]))
+                for term in wanted
+            ),
+            where,
+        )
+        with self._statement() as cursor:
+            total, *frequency = cursor.execute(counts).fetchone() or (0,)
+        weights = term_weights(dict(zip(wanted, frequency, strict=True)), total)
+        if not weights:
+            return []
+        held = sorted(weights)
+        # The sum of ``lexical.score``, in its order: the weights as float8, term by term.
+        scored = sql.SQL(" + ").join(
+            sql.SQL("(CASE WHEN terms @@ {} THEN {}::float8 ELSE 0::float8 END)").format(
+                any_term_query([term]), sql.Literal(weights[term])
+            )
+            for term in held
+        )
         statement = sql.SQL(
-            "SELECT id, kind, memory_id, version,"
-            " ARRAY(SELECT term FROM unnest(tsvector_to_array(terms)) AS term"
-            "  WHERE term = ANY({wanted}::text[])),"
-            " (SELECT count(*) FROM vector_entries WHERE {where})"
-            " FROM vector_entries WHERE {where} AND terms @@ {query}"
-        ).format(wanted=sql.Literal(list(wanted)), where=where, query=any_term_query(wanted))
+            "SELECT id, kind, memory_id, version, {score} AS score FROM vector_entries"
+            ' WHERE {where} AND terms @@ {query} ORDER BY score DESC, id COLLATE "C" LIMIT {limit}'
+        ).format(score=scored, where=where, query=any_term_query(held), limit=limit)
         with self._statement() as cursor:
             rows = cursor.execute(statement).fetchall()
-        if not rows:
-            return []
-        found = {row[0]: row for row in rows}
-        ranked = lexical_ranking(wanted, [(row[0], row[4]) for row in rows], rows[0][5], limit)
         return [
-            LexicalCandidate(i, stored_kind(i, kind), tenant_id, memory_id, version, score)
-            for score, i in ranked
-            for _, kind, memory_id, version, *_ in [found[i]]
+            LexicalCandidate(i, stored_kind(i, kind), tenant_id, memory_id, version, found)
+            for i, kind, memory_id, version, found in rows
         ]
 
     def nearest(

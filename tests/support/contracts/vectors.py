@@ -20,6 +20,7 @@ import pytest
 
 from projections.deletion.derived import match_of
 from projections.deletion.erasure import Erasure, ErasureIndex, subject_key
+from projections.embeddings.lexical import lexical_ranking, query_terms, terms
 from projections.embeddings.vectors import (
     EntryRef,
     Match,
@@ -410,6 +411,13 @@ class VectorStoreContract:
         assert [hit.memory_id for hit in hits][:1] == ["m1"]
         assert {hit.memory_id for hit in hits} == {"m1", "m2", "m3"}
         assert [hit.score for hit in hits] == sorted((hit.score for hit in hits), reverse=True)
+        # Every store scores as the one rule does, over the same candidates.
+        documents = [(entry.id, terms(entry.text)) for entry in invoices]
+        for text in ("invoice INV-2024-0042", "paid or disputed", "ab12x"):
+            expected = lexical_ranking(query_terms(text), documents, len(documents), 3)
+            hits = store.lexical_candidates("tenant-a", text, 3, subject=("user", "u1"))
+            assert [hit.id for hit in hits] == [entry_id for _, entry_id in expected], text
+            assert [hit.score for hit in hits] == pytest.approx([s for s, _ in expected]), text
         (hit,) = store.lexical_candidates("tenant-a", "TCK-88123", 1)
         assert (hit.id, hit.kind, hit.tenant_id, hit.version) == (
             invoices[3].id,
