@@ -10,6 +10,7 @@ lancedb takes about a second to import, so modules that only read the port impor
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -19,12 +20,19 @@ from typing import Any, TypeVar
 import lancedb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from lancedb.index import BTree
 from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
 from projections.embeddings.embedder import hashing_name
-from projections.embeddings.lexical import lexical_ranking, query_terms, terms
+from projections.embeddings.lexical import (
+    SEPARATORS,
+    lexical_ranking,
+    query_terms,
+    terms,
+    without_separators,
+)
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
     REPLAY_PREFIX,
@@ -456,7 +464,7 @@ class LanceVectorStore:
             total, rows, held = 0, {}, []
             for batch in scan:
                 total += batch.num_rows
-                for row in batch.to_pylist():
+                for row in batch.filter(_may_hold(batch.column("text"), wanted)).to_pylist():
                     found = set(wanted).intersection(terms(row["text"]))
                     if found:
                         rows[row["id"]] = row
@@ -613,6 +621,23 @@ class LanceVectorStore:
         # Another process cleaned up the version this handle held: open the table afresh.
         self._table = self._db.open_table(self._name)
         return operation(self._table)
+
+
+def _may_hold(texts: pa.Array, wanted: Sequence[str]) -> pa.Array:
+    """Which ``texts`` may hold one of the ``wanted`` terms (a superset, in Arrow's compute:
+    ``lexical.without_separators``), so that only those are split into terms: a search of a
+    subject of 10,000 entries split every text (ops/decisions/hybrid-retrieval.md)."""
+    if not all(term.isascii() for term in wanted):
+        return pa.array([True] * len(texts))
+    squeezed = pc.replace_substring_regex(
+        pc.utf8_lower(texts), pattern=f"[{re.escape(SEPARATORS)}]", replacement=""
+    )
+    # A text of other characters than ASCII is split whatever it holds: NFKC and case-folding
+    # make ASCII of some (full-width letters, the Kelvin sign), which lowercasing does not.
+    found = pc.invert(pc.string_is_ascii(texts))
+    for term in set(wanted):
+        found = pc.or_(found, pc.match_substring(squeezed, without_separators(term)))
+    return found
 
 
 def _columns(table: Table) -> list[str]:

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 # A word: letters and digits, optionally joined by one separator at a time (``AB-12-X``,
 # ``a.b``, ``10:30``). A separator at a word's end (a full stop, a dash) is no part of it.
-_COMPOUND = re.compile(r"[^\W_]+(?:[-_./:#][^\W_]+)*")
+SEPARATORS = "-_./:#"
+_COMPOUND = re.compile(rf"[^\W_]+(?:[{re.escape(SEPARATORS)}][^\W_]+)*")
 _PART = re.compile(r"[^\W_]+")
 # Longer runs (an encoded blob, a hash) are no search terms, and PostgreSQL refuses a lexeme of
 # 2 KB or more.
@@ -73,6 +74,17 @@ def query_terms(text: str) -> tuple[str, ...]:
     is nothing but function words."""
     found = terms(text)
     return tuple(term for term in found if term not in FUNCTION_WORDS) or found
+
+
+def without_separators(term: str) -> str:
+    """``term`` with the separators of a joined word taken out. Every term of a text, so
+    squeezed, is a substring of the text case-folded and so squeezed: a scan can leave out a
+    text that holds no query term without taking its terms (an ASCII query term: case-folding
+    and NFKC leave ASCII text as lowercasing does)."""
+    return term.translate(_SQUEEZE)
+
+
+_SQUEEZE = str.maketrans("", "", SEPARATORS)
 
 
 def inverse_frequency(matching: int, total: int) -> float:

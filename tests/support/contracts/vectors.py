@@ -393,6 +393,9 @@ class VectorStoreContract:
             memory("m3", "invoice INV-2023-0042 was disputed"),
             memory("m4", "ticket TCK-88123 about the broken login"),
             memory("m5", "ordered SKU AB-12-X twice; Müller signed for it"),
+            memory(
+                "m6", "a receipt typed in full width: \uff32\uff23\uff30\uff0d\uff17\uff17\uff11"
+            ),
         ]
         store.upsert(invoices)
 
@@ -406,6 +409,7 @@ class VectorStoreContract:
         assert first("status of TCK-88123") == "m4"
         assert first("sku ab-12-x") == "m5"
         assert first("MÜLLER") == "m5"
+        assert first("rcp-771") == "m6" and first("RCP771") == "m6"
         assert first("nothing shared") is None
         hits = store.lexical_candidates("tenant-a", "invoice INV-2024-0042", 5)
         assert [hit.memory_id for hit in hits][:1] == ["m1"]
