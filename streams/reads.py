@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,7 +35,14 @@ from projections.deletion import queries as ledger_queries
 from projections.deletion.erasure import memory_key, subject_key
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.lexical import fuse
-from projections.embeddings.vectors import MemoryOnly, SearchMode, VectorStore, check_embedder
+from projections.embeddings.vectors import (
+    Candidate,
+    LexicalCandidate,
+    MemoryOnly,
+    SearchMode,
+    VectorStore,
+    check_embedder,
+)
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
 from topics.outputs import MemoryRecord
@@ -174,32 +181,33 @@ class Ranked:
     version: int
 
 
+async def _ranked(
+    search: Callable[..., Sequence[Candidate | LexicalCandidate]],
+    query: RecallQuery,
+    probe: Sequence[float] | str,
+) -> list[Ranked]:
+    """One ranking of the store (``search`` of the query vector or text), in a worker thread."""
+    found = await asyncio.to_thread(
+        search,
+        query.tenant_id,
+        probe,
+        query.limit * CANDIDATES_PER_RESULT,
+        (query.subject_type, query.subject_id),
+        confinement(query),
+    )
+    return [Ranked(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in found]
+
+
 async def _semantic(
     vectors: VectorStore, embedder: Embedder, query: RecallQuery, text: str
 ) -> list[Ranked]:
     check_embedder(vectors, embedder.name)
     (vector,) = await asyncio.to_thread(embedder.embed, [text])
-    found = await asyncio.to_thread(
-        vectors.search_candidates,
-        query.tenant_id,
-        vector,
-        query.limit * CANDIDATES_PER_RESULT,
-        (query.subject_type, query.subject_id),
-        confinement(query),
-    )
-    return [Ranked(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in found]
+    return await _ranked(vectors.search_candidates, query, vector)
 
 
 async def _lexical(vectors: VectorStore, query: RecallQuery, text: str) -> list[Ranked]:
-    found = await asyncio.to_thread(
-        vectors.lexical_candidates,
-        query.tenant_id,
-        text,
-        query.limit * CANDIDATES_PER_RESULT,
-        (query.subject_type, query.subject_id),
-        confinement(query),
-    )
-    return [Ranked(c.id, c.kind, c.tenant_id, c.memory_id, c.version) for c in found]
+    return await _ranked(vectors.lexical_candidates, query, text)
 
 
 async def rank_by_text(

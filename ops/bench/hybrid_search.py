@@ -26,7 +26,6 @@ import json
 import statistics
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -34,20 +33,18 @@ import psycopg
 # ops/bench/*.py, beside this script
 from cpu_time import POSTGRES_BACKENDS, THIS_PROCESS, CpuMeter, StackProcesses
 from environment import application_prefix, drop, isolated, percentile, prepare
+from search_cost import TENANT, entries
 
 from projections.embeddings.embedder import HashingEmbedder
 from projections.embeddings.vectors import (
     SEARCH_MODES,
-    VectorEntry,
     VectorStore,
-    memory_entry_id,
 )
 from projections.memory.store import RecallQuery
 from streams.reads import rank_by_text
 from streams.services import open_vector_store
 from streams.settings import Settings
 
-TENANT = "acme"
 LIMIT = 10  # answers asked: the ranking proposes LIMIT x CANDIDATES_PER_RESULT
 BATCH = 500
 WORDS = (
@@ -59,33 +56,6 @@ WORDS = (
 def text_of(n: int) -> str:
     words = " ".join(WORDS[(n * 7 + i * 3) % len(WORDS)] for i in range(20))
     return f"{words}; invoice INV-2024-{n:05d}, ticket TCK-{80000 + n}, SKU AB-{n % 97}-X"
-
-
-def entries(size: int, embedder: HashingEmbedder) -> list[VectorEntry]:
-    subject = ("user", f"size-{size}")
-    texts = [text_of(n) for n in range(size)]
-    now = datetime.now(UTC)
-    return [
-        VectorEntry(
-            id=memory_entry_id(TENANT, f"{subject[1]}-m{n}"),
-            kind="memory",
-            tenant_id=TENANT,
-            subject_type=subject[0],
-            subject_id=subject[1],
-            memory_id=f"{subject[1]}-m{n}",
-            conversation_id=None,
-            message_id=None,
-            source_type="message",
-            source_ref=f"conv/{n}",
-            text=text,
-            version=1,
-            occurred_at=now,
-            vector=tuple(vector),
-            memory_kind="fact",
-            scope="user",
-        )
-        for n, (text, vector) in enumerate(zip(texts, embedder.embed(texts), strict=True))
-    ]
 
 
 def queries(size: int, count: int) -> list[str]:
@@ -146,7 +116,7 @@ def measure(backend: str, base: Settings, sizes: list[int], count: int, run: str
         store: VectorStore = open_vector_store(settings)
         embedder = HashingEmbedder(256)
         for size in sizes:
-            population = entries(size, embedder)
+            population = entries(size, embedder, ("user", f"size-{size}"), text_of)
             for start in range(0, len(population), BATCH):
                 store.upsert(population[start : start + BATCH])
         if backend == "postgres":

@@ -40,18 +40,25 @@ def text_of(n: int) -> str:
     return f"memory {n}: " + " ".join(words)
 
 
-def entries(count: int, embedder: HashingEmbedder) -> list[VectorEntry]:
-    texts = [text_of(n) for n in range(count)]
+def entries(
+    count: int,
+    embedder: HashingEmbedder,
+    subject: tuple[str, str] = SUBJECT,
+    text: Callable[[int], str] = text_of,
+) -> list[VectorEntry]:
+    """``count`` memories of ``subject`` (ids unique to it), their texts ``text(n)``."""
+    texts = [text(n) for n in range(count)]
     vectors = embedder.embed(texts)
     now = datetime.now(UTC)
+    prefix = "" if subject == SUBJECT else f"{subject[1]}-"
     return [
         VectorEntry(
-            id=memory_entry_id(TENANT, f"m{n}"),
+            id=memory_entry_id(TENANT, f"{prefix}m{n}"),
             kind="memory",
             tenant_id=TENANT,
-            subject_type=SUBJECT[0],
-            subject_id=SUBJECT[1],
-            memory_id=f"m{n}",
+            subject_type=subject[0],
+            subject_id=subject[1],
+            memory_id=f"{prefix}m{n}",
             conversation_id=None,
             message_id=None,
             source_type="message",

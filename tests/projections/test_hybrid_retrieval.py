@@ -12,9 +12,9 @@ on the whole set and on each part.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -23,11 +23,12 @@ import pytest
 
 from projections.embeddings.embedder import Embedder, memory_text
 from projections.embeddings.lexical import fuse, lexical_ranking, terms
-from projections.embeddings.vectors import SEARCH_MODES, SearchMode, VectorEntry, memory_entry_id
+from projections.embeddings.vectors import SEARCH_MODES, SearchMode
 from projections.memory.store import RecallQuery
 from streams.reads import rank_by_text
 from support.embedders import loaded_embedder
 from support.fakes.vectors import InMemoryVectorStore
+from support.vector_entries import memory
 
 DATA = Path(__file__).parent / "data"
 K = 5
@@ -62,23 +63,8 @@ def indexed() -> InMemoryVectorStore:
     vectors = embedder.embed(list(memories.values()))
     store.upsert(
         [
-            VectorEntry(
-                id=memory_entry_id(TENANT, memory_id),
-                kind="memory",
-                tenant_id=TENANT,
-                subject_type=SUBJECT[0],
-                subject_id=SUBJECT[1],
-                memory_id=memory_id,
-                conversation_id=None,
-                message_id=None,
-                source_type="conversation",
-                source_ref=f"conv/{memory_id}",
-                text=text,
-                version=1,
-                occurred_at=datetime(2026, 1, 1, tzinfo=UTC),
-                vector=tuple(vector),
-                memory_kind="fact",
-                scope="user",
+            dataclasses.replace(
+                memory(memory_id, text, TENANT, SUBJECT, memory_kind="fact"), vector=tuple(vector)
             )
             for (memory_id, text), vector in zip(memories.items(), vectors, strict=True)
         ]

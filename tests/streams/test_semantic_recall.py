@@ -80,5 +80,6 @@ def test_a_search_ranks_ids_only_and_hydrates_what_it_returns(
     )
     returned = [record.memory_id for record in found.records]
     assert len(returned) == 5
-    assert watched.called == ["search_candidates"]  # never the entries with text and vector
+    # Never the entries with text and vector: both rankings (hybrid, the default) read ids.
+    assert sorted(watched.called) == ["lexical_candidates", "search_candidates"]
     assert sorted(hydrated) == sorted(returned)  # not the 4 x 5 candidates ranked
