@@ -310,6 +310,15 @@ async def record_rejections(conn: Conn, projection: str, rows: Sequence[Rejectio
     )
 
 
+async def rejection_counts(conn: Conn, projection: str) -> dict[str, int]:
+    """How many of the projection's events were rejected, by reason."""
+    cursor = await conn.execute(
+        "SELECT reason, count(*) FROM rejections WHERE projection = %s GROUP BY 1 ORDER BY 1",
+        (projection,),
+    )
+    return {str(reason): int(count) for reason, count in await cursor.fetchall()}
+
+
 async def erase_rejections(conn: Conn, scope: ErasureScope) -> None:
     """The rejections of events about what an erasure covers: its memories, conversations
     and subject."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 from psycopg.rows import dict_row
@@ -30,6 +30,7 @@ from projections.conversation.reducer import (
     SummaryRecord,
 )
 from projections.deletion.erasure import ErasureScope
+from projections.memory import store as memory_store
 from topics.conversation import ConversationEvent, MessageAdded, SummaryUpdated
 
 CONVERSATION_FIELDS = (
@@ -596,3 +597,67 @@ async def erase(conn: Conn, scope: ErasureScope) -> None:
         "DELETE FROM conversations WHERE tenant_id = %s AND conversation_id = ANY(%s)",
         conversations,
     )
+
+
+# -- rows that other modules' queries join -------------------------------------------------------
+
+RETENTION_ROWS = (
+    "SELECT tenant_id, conversation_id, retention_class, owner_type, owner_id, started_at,"
+    " last_message_at FROM conversations"
+)
+"""Each conversation's retention class, owner and activity: the row source that the retention
+schedule's and the legal holds' queries join (``FROM ({RETENTION_ROWS}) c``), so that a million
+kept conversations are narrowed down in one statement while this module stays the one that
+knows the table."""
+
+
+# -- statistics (the demo's report) --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationStatistics:
+    conversations: int
+    messages: int
+    summaries: int
+    redactions: dict[str, int]
+    """Redacted spans in the stored messages, by kind."""
+    context_tool_results_omitted: int
+    context_units_dropped: int
+
+
+async def statistics(conn: Conn) -> ConversationStatistics:
+    async def one_row(query: LiteralString) -> tuple[Any, ...]:
+        cursor = await conn.execute(query)
+        row = await cursor.fetchone()
+        assert row is not None  # an aggregate without GROUP BY returns one row
+        return tuple(row)
+
+    conversations, messages = await one_row(
+        "SELECT count(*), coalesce(sum(message_count), 0) FROM conversations"
+    )
+    (summaries,) = await one_row("SELECT count(*) FROM conversation_summaries")
+    cursor = await conn.execute(
+        "SELECT key, sum(value::int) FROM conversation_messages, jsonb_each_text(redactions)"
+        " GROUP BY 1 ORDER BY 1"
+    )
+    redactions = {str(kind): int(count) for kind, count in await cursor.fetchall()}
+    omitted, dropped = await one_row(
+        "SELECT coalesce(sum((view->>'omitted_tool_results')::int), 0),"
+        " coalesce(sum((view->>'dropped_units')::int), 0) FROM conversation_context"
+    )
+    return ConversationStatistics(
+        int(conversations), int(messages), int(summaries), redactions, int(omitted), int(dropped)
+    )
+
+
+async def busiest_with_memories(conn: Conn) -> tuple[str, str] | None:
+    """The summarised conversation with the most messages that memories were taken from:
+    tenant and conversation id."""
+    cursor = await conn.execute(
+        "SELECT c.tenant_id, c.conversation_id FROM conversations c"
+        f" JOIN ({memory_store.REACH_ROWS}) m ON m.tenant_id = c.tenant_id"
+        " AND m.source_conversation_id = c.conversation_id"
+        " WHERE c.summary_version > 0 ORDER BY c.message_count DESC, 1, 2 LIMIT 1"
+    )
+    row = await cursor.fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))

@@ -19,6 +19,10 @@ from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
 from projections.distribution import cross_tenant
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
+OUTCOME_ROWS = "SELECT tenant_id, deletion_id, deadline_at, completed_at FROM deletion_requests"
+"""Each request's deadline and completion: the row source that the retention schedule's
+receipt joins (``JOIN ({OUTCOME_ROWS}) r``) to tell erasures on time from late ones."""
+
 
 async def load_states(conn: Conn, keys: Iterable[RequestKey]) -> dict[RequestKey, RequestState]:
     wanted = sorted(set(keys))

@@ -526,3 +526,61 @@ async def erase(conn: Conn, scope: ErasureScope) -> None:
         " AND (memory_id = ANY(%s) OR source_conversation_id = ANY(%s))",
         (scope.tenant_id, memories, list(scope.sources)),
     )
+
+
+# -- rows that other modules' queries join -------------------------------------------------------
+
+REACH_ROWS = (
+    "SELECT tenant_id, memory_id, subject_type, subject_id, source_conversation_id, expires_at"
+    " FROM memories"
+)
+"""Each memory's subject, source conversation and expiry: the row source that the legal holds'
+and the retention schedule's queries join (``FROM ({REACH_ROWS}) m``). One statement each, so a
+hold and an expiry are read together; this module stays the one that knows the table."""
+
+
+# -- statistics (the demo's report) --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStatistics:
+    by_status: list[tuple[str, str, int]]
+    """(tenant, status, count), by tenant and status."""
+    versions: int
+    expired_now: int
+    with_history: tuple[str, str, str] | None
+    """A memory that has a history worth showing (version 3 or later, not revoked): tenant,
+    ``subject_type:subject_id``, memory id."""
+
+
+async def statistics(conn: Conn) -> MemoryStatistics:
+    cursor = await conn.execute(
+        "SELECT tenant_id, status, count(*) FROM memories GROUP BY 1, 2 ORDER BY 1, 2"
+    )
+    by_status = [(str(t), str(s), int(c)) for t, s, c in await cursor.fetchall()]
+    cursor = await conn.execute("SELECT count(*) FROM memories WHERE expires_at <= now()")
+    expired = await cursor.fetchone()
+    cursor = await conn.execute("SELECT count(*) FROM memory_versions")
+    versions = await cursor.fetchone()
+    cursor = await conn.execute(
+        "SELECT tenant_id, subject_type || ':' || subject_id, memory_id FROM memories"
+        " WHERE version >= 3 AND status <> 'revoked' ORDER BY tenant_id, memory_id LIMIT 1"
+    )
+    example = await cursor.fetchone()
+    return MemoryStatistics(
+        by_status,
+        int(versions[0]) if versions else 0,
+        int(expired[0]) if expired else 0,
+        None if example is None else (str(example[0]), str(example[1]), str(example[2])),
+    )
+
+
+async def most_remembered_subject(conn: Conn) -> tuple[str, str, str] | None:
+    """The subject with the most eligible, unexpired memories: tenant, subject type and id."""
+    cursor = await conn.execute(
+        "SELECT tenant_id, subject_type, subject_id FROM memories"
+        " WHERE status IN ('verified', 'proposed') AND (expires_at IS NULL OR expires_at > now())"
+        " GROUP BY 1, 2, 3 ORDER BY count(*) DESC, 1, 2, 3 LIMIT 1"
+    )
+    row = await cursor.fetchone()
+    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))

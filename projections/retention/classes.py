@@ -10,7 +10,26 @@ from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
 from projections.distribution import cross_tenant
-from projections.retention.schedule import Period, Policy
+from projections.retention.schedule import TENANT_DEFAULT, Period, Policy
+
+# The period of a row's class, in seconds, for the queries that narrow rows down by it in SQL
+# (the retention schedule's): the tenant's class, else the tenant's default, else the
+# deployment's (``%(global)s``); NULL: kept. It reads the aliases ``period_joins`` adds.
+PERIOD = (
+    "CASE WHEN k.tenant_id IS NOT NULL THEN k.period_seconds"
+    " WHEN d.tenant_id IS NOT NULL THEN d.period_seconds ELSE %(global)s::bigint END"
+)
+
+
+def period_joins(row: str) -> str:
+    """The joins ``PERIOD`` reads, for the row alias ``row`` that has ``tenant_id`` and
+    ``retention_class`` columns (adds the aliases ``k`` and ``d``)."""
+    return (
+        " LEFT JOIN retention_classes k"
+        f" ON k.tenant_id = {row}.tenant_id AND k.retention_class = {row}.retention_class"
+        " LEFT JOIN retention_classes d"
+        f" ON d.tenant_id = {row}.tenant_id AND d.retention_class = '{TENANT_DEFAULT}'"
+    )
 
 
 @dataclass(frozen=True, slots=True)

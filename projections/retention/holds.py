@@ -12,9 +12,11 @@ from datetime import datetime
 from typing import Literal
 
 from projections.bookkeeping import Conn
+from projections.conversation import store as conversation_store
 from projections.deletion import store as deletion_store
 from projections.deletion.ledger import HeldBy, ResolvedTarget, held_by
 from projections.distribution import cross_tenant
+from projections.memory import store as memory_store
 from topics.deletion import DeletionTarget
 
 HoldTarget = Literal["subject", "conversation"]
@@ -51,6 +53,18 @@ _COLUMNS = (
     "tenant_id, hold_id, target_type, subject_type, target_id, reason, held_by, held_at,"
     " released_by, released_at"
 )
+
+
+def in_force_on(tenant: str, conversation: str, subject_type: str, subject_id: str) -> str:
+    """SQL: whether a hold in force reaches the row whose tenant, conversation id and owning
+    subject are the expressions given, for the queries that leave held rows out in SQL (the
+    retention schedule's receipt)."""
+    return (
+        f"EXISTS (SELECT 1 FROM legal_holds h WHERE h.tenant_id = {tenant}"
+        " AND h.released_at IS NULL AND ((h.target_type = 'conversation'"
+        f" AND h.target_id = {conversation}) OR (h.target_type = 'subject'"
+        f" AND h.subject_type = {subject_type} AND h.target_id = {subject_id})))"
+    )
 
 
 def _hold(row: Sequence[object]) -> Hold:
@@ -127,7 +141,8 @@ async def on_conversations(
     return await _holds_by_key(
         conn,
         keys,
-        " LEFT JOIN conversations v ON v.tenant_id = k.t AND v.conversation_id = k.e"
+        f" LEFT JOIN ({conversation_store.RETENTION_ROWS}) v"
+        " ON v.tenant_id = k.t AND v.conversation_id = k.e"
         " JOIN legal_holds h ON h.tenant_id = k.t AND ("
         " (h.target_type = 'conversation' AND h.target_id = k.e)"
         " OR (h.target_type = 'subject' AND h.subject_type = v.owner_type"
@@ -143,7 +158,7 @@ async def on_memories(
     return await _holds_by_key(
         conn,
         keys,
-        " JOIN memories m ON m.tenant_id = k.t AND m.memory_id = k.e"
+        f" JOIN ({memory_store.REACH_ROWS}) m ON m.tenant_id = k.t AND m.memory_id = k.e"
         " JOIN legal_holds h ON h.tenant_id = k.t AND ("
         " (h.target_type = 'conversation' AND h.target_id = m.source_conversation_id)"
         " OR (h.target_type = 'subject' AND h.subject_type = m.subject_type"

@@ -2,7 +2,10 @@
 that may be due, the deletions issued, and the receipt.
 
 The candidate queries only narrow the rows down (the period a class resolves to, written
-in SQL so that a million kept conversations are never read); ``schedule`` decides."""
+in SQL so that a million kept conversations are never read); ``schedule`` decides. They are
+about ``retention_issued`` (what was issued, and what is still to issue), so they live here;
+the other tables' rows and rules come from their owners (the conversations' and memories'
+row sources, the classes' period, the holds in force, the requests' outcomes)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from projections.bookkeeping import Conn
+from projections.conversation import store as conversation_store
+from projections.deletion import lifecycle
 from projections.distribution import cross_tenant
+from projections.memory import store as memory_store
+from projections.retention import classes, holds
 from projections.retention.schedule import (
-    TENANT_DEFAULT,
     ClassReceipt,
     ConversationDue,
     Issue,
@@ -23,18 +29,8 @@ from projections.retention.schedule import (
 EXPIRED_MEMORIES = "expired memories"
 """The receipt's line for memories erased after their expiry (they have no class)."""
 
-# The period of conversation ``c``'s class: the tenant's class, else the tenant's default,
-# else the deployment's (``%(global)s``); NULL: kept.
-_PERIOD = (
-    "CASE WHEN k.tenant_id IS NOT NULL THEN k.period_seconds"
-    " WHEN d.tenant_id IS NOT NULL THEN d.period_seconds ELSE %(global)s::bigint END"
-)
-_CLASSES = (
-    " LEFT JOIN retention_classes k"
-    " ON k.tenant_id = c.tenant_id AND k.retention_class = c.retention_class"
-    " LEFT JOIN retention_classes d"
-    f" ON d.tenant_id = c.tenant_id AND d.retention_class = '{TENANT_DEFAULT}'"
-)
+_PERIOD = classes.PERIOD
+_CONVERSATIONS = f"({conversation_store.RETENTION_ROWS}) c{classes.period_joins('c')}"
 
 
 def _seconds(period: Period) -> int | None:
@@ -51,7 +47,7 @@ async def conversation_candidates(
         + "SELECT tenant_id, conversation_id, retention_class, started_at, last_message_at FROM ("
         " SELECT c.*, coalesce(c.last_message_at, c.started_at)"
         f" + make_interval(secs => {_PERIOD}) AS due_at"
-        f" FROM conversations c{_CLASSES}) c"
+        f" FROM {_CONVERSATIONS}) c"
         " WHERE due_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM retention_issued i"
         " WHERE i.tenant_id = c.tenant_id AND i.target_type = 'conversation'"
         " AND i.target_id = c.conversation_id AND i.due_at = c.due_at)"
@@ -66,7 +62,8 @@ async def memory_candidates(
 ) -> list[MemoryDue]:
     """Live memories ``grace`` past their expiry by ``now`` whose erasure was not issued."""
     cursor = await conn.execute(
-        cross_tenant("retention-round") + "SELECT tenant_id, memory_id, expires_at FROM memories m"
+        cross_tenant("retention-round")
+        + f"SELECT tenant_id, memory_id, expires_at FROM ({memory_store.REACH_ROWS}) m"
         " WHERE expires_at IS NOT NULL AND expires_at + %(grace)s <= %(now)s"
         " AND NOT EXISTS (SELECT 1 FROM retention_issued i WHERE i.tenant_id = m.tenant_id"
         " AND i.target_type = 'memory' AND i.target_id = m.memory_id"
@@ -107,11 +104,8 @@ async def record_issued(conn: Conn, issues: Sequence[Issue], now: datetime) -> s
 _LIVE = (
     f"SELECT c.tenant_id, c.retention_class AS class, {_PERIOD} AS period,"
     f" coalesce(c.last_message_at, c.started_at) + make_interval(secs => {_PERIOD}) AS due_at,"
-    " EXISTS (SELECT 1 FROM legal_holds h WHERE h.tenant_id = c.tenant_id"
-    " AND h.released_at IS NULL AND ((h.target_type = 'conversation'"
-    " AND h.target_id = c.conversation_id) OR (h.target_type = 'subject'"
-    " AND h.subject_type = c.owner_type AND h.target_id = c.owner_id))) AS held"
-    f" FROM conversations c{_CLASSES}"
+    f" {holds.in_force_on('c.tenant_id', 'c.conversation_id', 'c.owner_type', 'c.owner_id')}"
+    f" AS held FROM {_CONVERSATIONS}"
     " WHERE NOT EXISTS (SELECT 1 FROM retention_issued i WHERE i.tenant_id = c.tenant_id"
     " AND i.target_type = 'conversation' AND i.target_id = c.conversation_id)"
 )
@@ -150,12 +144,9 @@ async def receipt(
         " count(*) FILTER (WHERE r.completed_at > r.deadline_at),"
         " count(*) FILTER (WHERE r.completed_at IS NULL),"
         " extract(epoch FROM %(now)s - min(i.due_at) FILTER (WHERE r.completed_at IS NULL))"
-        " FROM retention_issued i LEFT JOIN deletion_requests r"
+        f" FROM retention_issued i LEFT JOIN ({lifecycle.OUTCOME_ROWS}) r"
         " ON r.tenant_id = i.tenant_id AND r.deletion_id = i.deletion_id"
-        " LEFT JOIN retention_classes k"
-        " ON k.tenant_id = i.tenant_id AND k.retention_class = i.retention_class"
-        " LEFT JOIN retention_classes d"
-        f" ON d.tenant_id = i.tenant_id AND d.retention_class = '{TENANT_DEFAULT}'"
+        f"{classes.period_joins('i')}"
         " WHERE %(tenant)s::text IS NULL OR i.tenant_id = %(tenant)s"
         " GROUP BY 1, 2, 3",
         {**params, "expired": EXPIRED_MEMORIES},

@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, LiteralString, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import click
@@ -20,7 +20,7 @@ from projections.access import keys, purposes
 from projections.access.proposals import DELETE, PROPOSE
 from projections.admission import store as admission_store
 from projections.admission.policy import parse_document
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, rejection_counts
 from projections.conversation import store as conversation_store
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
@@ -208,34 +208,17 @@ def read_topic(settings: Settings, topic: str) -> list[InputMessage]:
     return records
 
 
-async def _rows(conn: Conn, query: LiteralString) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(query)
-    return await cursor.fetchall()
-
-
 async def _memory_report(conn: Conn) -> dict[str, Any]:
-    statuses = await _rows(
-        conn, "SELECT tenant_id, status, count(*) FROM memories GROUP BY 1, 2 ORDER BY 1, 2"
-    )
-    ((expired,),) = await _rows(conn, "SELECT count(*) FROM memories WHERE expires_at <= now()")
-    ((versions,),) = await _rows(conn, "SELECT count(*) FROM memory_versions")
-    rejections = await _rows(
-        conn,
-        "SELECT reason, count(*) FROM rejections WHERE projection = 'memory' GROUP BY 1 ORDER BY 1",
-    )
-    example = await _rows(
-        conn,
-        "SELECT tenant_id, subject_type || ':' || subject_id, memory_id FROM memories"
-        " WHERE version >= 3 AND status <> 'revoked' ORDER BY tenant_id, memory_id LIMIT 1",
-    )
+    stats = await memory_store.statistics(conn)
     report: dict[str, Any] = {
-        "by_status": [{"tenant": t, "status": st, "count": c} for t, st, c in statuses],
-        "versions": versions,
-        "expired_now": expired,
-        "rejections": dict(rejections),
+        "by_status": [{"tenant": t, "status": st, "count": c} for t, st, c in stats.by_status],
+        "versions": stats.versions,
+        "expired_now": stats.expired_now,
+        "rejections": await rejection_counts(conn, "memory"),
         "try": [],
     }
-    for tenant, subject, memory_id in example:
+    if stats.with_history is not None:
+        tenant, subject, memory_id = stats.with_history
         report["try"] = [
             f"memproj recall --tenant {tenant} --subject {subject}",
             f"memproj memory show --tenant {tenant} --memory-id {memory_id} --history",
@@ -244,43 +227,20 @@ async def _memory_report(conn: Conn) -> dict[str, Any]:
 
 
 async def _conversation_report(conn: Conn) -> dict[str, Any]:
-    ((conversations, messages),) = await _rows(
-        conn, "SELECT count(*), coalesce(sum(message_count), 0) FROM conversations"
-    )
-    ((summaries,),) = await _rows(conn, "SELECT count(*) FROM conversation_summaries")
-    redactions = await _rows(
-        conn,
-        "SELECT key, sum(value::int) FROM conversation_messages, jsonb_each_text(redactions)"
-        " GROUP BY 1 ORDER BY 1",
-    )
-    ((omitted, dropped),) = await _rows(
-        conn,
-        "SELECT coalesce(sum((view->>'omitted_tool_results')::int), 0),"
-        " coalesce(sum((view->>'dropped_units')::int), 0) FROM conversation_context",
-    )
-    rejections = await _rows(
-        conn,
-        "SELECT reason, count(*) FROM rejections WHERE projection = 'conversation'"
-        " GROUP BY 1 ORDER BY 1",
-    )
-    example = await _rows(
-        conn,
-        "SELECT c.tenant_id, c.conversation_id FROM conversations c"
-        " JOIN memories m ON m.tenant_id = c.tenant_id"
-        " AND m.source_conversation_id = c.conversation_id"
-        " WHERE c.summary_version > 0 ORDER BY c.message_count DESC, 1, 2 LIMIT 1",
-    )
+    stats = await conversation_store.statistics(conn)
     report: dict[str, Any] = {
-        "conversations": conversations,
-        "messages": messages,
-        "summaries": summaries,
-        "redactions": {kind: int(count) for kind, count in redactions},
-        "context_tool_results_omitted": omitted,
-        "context_units_dropped": dropped,
-        "rejections": dict(rejections),
+        "conversations": stats.conversations,
+        "messages": stats.messages,
+        "summaries": stats.summaries,
+        "redactions": stats.redactions,
+        "context_tool_results_omitted": stats.context_tool_results_omitted,
+        "context_units_dropped": stats.context_units_dropped,
+        "rejections": await rejection_counts(conn, "conversation"),
         "try": [],
     }
-    for tenant, conversation_id in example:
+    example = await conversation_store.busiest_with_memories(conn)
+    if example is not None:
+        tenant, conversation_id = example
         report["try"] = [
             f"memproj conversation show --tenant {tenant} --conversation {conversation_id}",
             f"memproj conversation show --tenant {tenant} --conversation {conversation_id}"
@@ -397,15 +357,10 @@ def curl_lines(
 async def _demo_key(conn: Conn) -> tuple[str, tuple[str, str], str] | None:
     """The subject with the most eligible memories, and a new key of its tenant whose
     purpose reads everything (and may propose and delete)."""
-    cursor = await conn.execute(
-        "SELECT tenant_id, subject_type, subject_id FROM memories"
-        " WHERE status IN ('verified', 'proposed') AND (expires_at IS NULL OR expires_at > now())"
-        " GROUP BY 1, 2, 3 ORDER BY count(*) DESC, 1, 2, 3 LIMIT 1"
-    )
-    row = await cursor.fetchone()
-    if row is None:
+    found = await memory_store.most_remembered_subject(conn)
+    if found is None:
         return None
-    tenant, subject_type, subject_id = (str(value) for value in row)
+    tenant, subject_type, subject_id = found
     now = datetime.now(UTC)
     await purposes.set_policy(conn, tenant, DEMO_PURPOSE, ["*"], ["*"], True, now)
     created = await keys.create_key(conn, tenant, DEMO_ACTOR, [DEMO_PURPOSE, PROPOSE, DELETE], now)
