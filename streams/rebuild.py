@@ -48,8 +48,9 @@ from projections.bookkeeping import Conn, RejectionRow
 from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
 from projections.memory import store
+from projections.memory.evolve import MemoryKey
 from projections.memory.projection import MemoryProjection
-from projections.memory.reducer import BatchResult, MemoryKey
+from projections.memory.reducer import BatchResult
 from streams.failures import Explained, retry_transient
 from topics.codec import InvalidMessage
 from topics.memory import MemoryEvent

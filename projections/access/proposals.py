@@ -43,7 +43,7 @@ import orjson
 
 from projections.access.policy import PolicyRefusal, WriteBounds, check_purpose
 from projections.bookkeeping import Conn
-from projections.memory.reducer import REVIEWER_TYPES
+from projections.memory.evolve import REVIEWER_TYPES
 from topics.envelope import ActorType
 
 PROPOSE: Final = "propose"

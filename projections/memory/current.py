@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from projections.bookkeeping import Conn, OutboxMessage, remove_pending_messages
 from projections.deletion.erasure import ErasureScope
-from projections.memory.reducer import MemoryKey
+from projections.memory.evolve import MemoryKey
 from topics.codec import encode
 from topics.outputs import MemoryRecord
 from topics.registry import (

@@ -17,13 +17,8 @@ from projections.deletion.projection import tombstone_message
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.current import current_message
-from projections.memory.reducer import (
-    BatchResult,
-    MemoryKey,
-    PolicyKey,
-    erasure_keys,
-    reduce_batch,
-)
+from projections.memory.evolve import MemoryKey, PolicyKey
+from projections.memory.reducer import BatchResult, erasure_keys, reduce_batch
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused

@@ -15,7 +15,8 @@ from psycopg.rows import dict_row
 from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
-from projections.memory.reducer import BatchResult, MemoryKey, MemoryVersion
+from projections.memory.evolve import MemoryKey, MemoryVersion
+from projections.memory.reducer import BatchResult
 from topics.outputs import ELIGIBLE_STATUSES, MemoryRecord, MemoryStatus
 
 RECORD_COLUMNS = (

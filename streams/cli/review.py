@@ -8,7 +8,7 @@ from typing import Any, cast
 import click
 
 from projections.memory import store as memory_store
-from projections.memory.reducer import REVIEWER_TYPES
+from projections.memory.evolve import REVIEWER_TYPES
 from streams.cli.common import echo_json, publish, settings_of, talks_to_kafka, with_connection
 from streams.reviews import InvalidReview, build_review, pending_diffs
 from topics.api.models import ReviewDiff

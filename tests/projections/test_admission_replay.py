@@ -15,7 +15,8 @@ from projections.admission.evidence import cited_evidence, stamp_of
 from projections.admission.invariants import VersionFacts, violations
 from projections.admission.policy import Policy, PolicyDocument, RuleDocument
 from projections.idempotency import EventKey
-from projections.memory.reducer import MemoryKey, MemoryVersion, PolicyKey, reduce_batch
+from projections.memory.evolve import MemoryKey, MemoryVersion, PolicyKey
+from projections.memory.reducer import reduce_batch
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from topics.codec import EventCodec

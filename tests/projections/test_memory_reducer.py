@@ -14,7 +14,8 @@ from projections.deletion.erasure import (
     memory_key,
     subject_key,
 )
-from projections.memory.reducer import MemoryKey, reduce_batch
+from projections.memory.evolve import MemoryKey
+from projections.memory.reducer import reduce_batch
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from topics.codec import EventCodec

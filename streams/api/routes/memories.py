@@ -20,7 +20,7 @@ from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
 from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
-from projections.memory.reducer import HELD_STATUSES
+from projections.memory.evolve import HELD_STATUSES
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Principal, Services
