@@ -3,12 +3,12 @@ admission policy, side by side with no policy, in one run.
 
     .venv/bin/python ops/bench/governed_writes.py [--memories 3000] [--pairs 2]
 
-The stream is the sample memory stream (streams/sample.py) of two tenants, its proposals
-rewritten to cite evidence: each cites a user message of its tenant's conversations, which
-the conversation worker applies first (untimed), as producers are asked to send evidence
-before the memory citing it; one memory in fifty cites a message that was never sent. Each
-proposal's kind is one of ten, by its memory id, so that one kind in ten is a tenth of the
-proposals.
+The stream (governed_stream.py) is the sample memory stream (streams/sample.py) of two
+tenants, its proposals rewritten to cite evidence: each cites a user message of its tenant's
+conversations, which the conversation worker applies first (untimed), as producers are asked
+to send evidence before the memory citing it; one memory in fifty cites a message that was
+never sent. Each proposal's kind is one of ten, by its memory id, so that one kind in ten is a
+tenth of the proposals.
 
 Rounds alternate, (a) no policy then (b) a policy, ``--pairs`` times: on a shared machine the
 load drifts over a run, and alternating spreads the drift over both sides. In (b) both tenants
@@ -37,28 +37,34 @@ import os
 import sys
 import time
 import uuid
-import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import Producer
 
 # ops/bench/*.py, beside this script
 from cpu_time import POSTGRES_BACKENDS, StackProcesses, total
 from environment import Environment, application_prefix, drop, isolated, prepare
+from governed_stream import (
+    TENANTS,
+    Conversations,
+    Message,
+    citing_evidence,
+    conversation_stream,
+    governing_policy,
+    tenants,
+)
 from phases import Phases
 from pipeline import Workers, projection_apply
 
 from projections.admission import store as admission_store
-from projections.admission.policy import PolicyDocument, RuleDocument
+from projections.admission.policy import PolicyDocument
 from streams.kafka import producer_config
-from streams.sample import EventFactory, sample_memory_stream, to_message
+from streams.sample import sample_memory_stream
 from streams.settings import DevelopmentKeyRefused, Settings
 from topics.outputs import RejectionReason
 from topics.registry import CONVERSATION_EVENTS
@@ -66,14 +72,6 @@ from topics.registry import CONVERSATION_EVENTS
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ops" / "bench" / "results"
 
-Message = tuple[bytes | None, bytes | None]
-TENANTS = 2
-# Ten kinds, one of them reviewed: a proposal's kind is chosen by its memory id.
-KINDS = tuple(f"kind_{n}" for n in range(10))
-REVIEWED_KIND = KINDS[0]
-# One memory in this many cites a message that was never sent: refused under the policy.
-MISSING_EVIDENCE_EVERY = 50
-CONVERSATIONS_PER_TENANT = 40
 NO_POLICY = "a: no policy"
 GOVERNED = "b: policy"
 WORKER = "memory worker(s)"  # pipeline.Workers.pids names the memory workers so
@@ -89,89 +87,6 @@ POLICY_REASONS = frozenset(
         RejectionReason.INVALID_GRANT.value,
     }
 )
-
-
-def tenants() -> list[str]:
-    return [f"tenant_{n}" for n in range(TENANTS)]  # as sample_memory_stream names them
-
-
-def _bucket(memory_id: str, salt: str, buckets: int) -> int:
-    return zlib.crc32(f"{salt}/{memory_id}".encode()) % buckets
-
-
-@dataclass(frozen=True, slots=True)
-class Conversations:
-    messages: list[Message]
-    # Per tenant, the event ids of its user messages: primary evidence once applied.
-    evidence: dict[str, list[str]]
-    message_count: int
-
-
-def conversation_stream(per_tenant: int = CONVERSATIONS_PER_TENANT) -> Conversations:
-    """Per tenant, ``per_tenant`` conversations of a user message and an answer."""
-    factory = EventFactory(id_prefix="gwconv")
-    messages: list[Message] = []
-    evidence: dict[str, list[str]] = {tenant: [] for tenant in tenants()}
-    count = 0
-    for tenant in tenants():
-        for number in range(per_tenant):
-            conversation = f"conv_{number}"
-            messages.append(to_message(factory.started(tenant, conversation)))
-            asked = factory.message(tenant, conversation, "msg_1", "user", f"I prefer {number}")
-            messages.append(to_message(asked))
-            evidence[tenant].append(asked["event_id"])
-            answer = factory.message(tenant, conversation, "msg_2", "assistant", "noted")
-            messages.append(to_message(answer))
-            count += 2
-    return Conversations(messages, evidence, count)
-
-
-def citing_evidence(
-    messages: Iterable[Message], evidence: Mapping[str, Sequence[str]]
-) -> list[Message]:
-    """The memory stream with each proposal of a known tenant given one of ten kinds and one
-    evidence event id of its tenant (one memory in ``MISSING_EVIDENCE_EVERY`` cites an id
-    that was never sent), both chosen by its memory id: a redelivered duplicate is rewritten
-    as its original was, so it stays a duplicate. Anything else passes unchanged."""
-    rewritten: list[Message] = []
-    for key, value in messages:
-        try:
-            event = orjson.loads(value or b"")
-        except orjson.JSONDecodeError:
-            rewritten.append((key, value))
-            continue
-        payload = event.get("payload") if isinstance(event, dict) else None
-        cited = evidence.get(event.get("tenant_id", "")) if isinstance(event, dict) else None
-        if (
-            not isinstance(payload, dict)
-            or event.get("event_type") != "memory.proposed"
-            or not cited
-            or not isinstance(payload.get("memory_id"), str)
-        ):
-            rewritten.append((key, value))
-            continue
-        memory_id = payload["memory_id"]
-        payload["kind"] = KINDS[_bucket(memory_id, "kind", len(KINDS))]
-        if _bucket(memory_id, "missing", MISSING_EVIDENCE_EVERY) == 0:
-            payload["evidence_event_ids"] = [f"never-sent-{memory_id}"]
-        else:
-            payload["evidence_event_ids"] = [cited[_bucket(memory_id, "cites", len(cited))]]
-        rewritten.append((key, orjson.dumps(event)))
-    return rewritten
-
-
-def governing_policy() -> PolicyDocument:
-    """One kind in ten reviewed, the others admitted; every rule requires evidence."""
-    return PolicyDocument(
-        rules=tuple(
-            RuleDocument(
-                kind=kind,
-                decision="review" if kind == REVIEWED_KIND else "admit",
-                evidence_required=True,
-            )
-            for kind in KINDS
-        )
-    ).check()
 
 
 def produce_conversations(settings: Settings, messages: Sequence[Message]) -> None:

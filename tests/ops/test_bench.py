@@ -30,6 +30,7 @@ import cpu_time
 import environment
 import erasure_load
 import freshness
+import governed_stream
 import governed_writes
 import http_api
 import phases
@@ -232,10 +233,10 @@ def test_the_store_memory_scenarios_run_on_a_small_store(
 
 
 def test_governed_writes_proposals_cite_their_tenants_evidence_and_one_kind_in_ten() -> None:
-    conversations = governed_writes.conversation_stream(per_tenant=5)
-    assert conversations.message_count == 2 * governed_writes.TENANTS * 5
-    stream = [(m.key, m.value) for m in sample_memory_stream(600, governed_writes.TENANTS, 3)]
-    rewritten = governed_writes.citing_evidence(stream, conversations.evidence)
+    conversations = governed_stream.conversation_stream(per_tenant=5)
+    assert conversations.message_count == 2 * governed_stream.TENANTS * 5
+    stream = [(m.key, m.value) for m in sample_memory_stream(600, governed_stream.TENANTS, 3)]
+    rewritten = governed_stream.citing_evidence(stream, conversations.evidence)
     assert len(rewritten) == len(stream)
     kinds: list[str] = []
     missing = 0
@@ -255,13 +256,13 @@ def test_governed_writes_proposals_cite_their_tenants_evidence_and_one_kind_in_t
             missing += 1
         else:
             assert cited in conversations.evidence[event["tenant_id"]]
-    reviewed = kinds.count(governed_writes.REVIEWED_KIND) / len(kinds)
-    assert set(kinds) == set(governed_writes.KINDS)
+    reviewed = kinds.count(governed_stream.REVIEWED_KIND) / len(kinds)
+    assert set(kinds) == set(governed_stream.KINDS)
     assert 0.05 < reviewed < 0.15
     assert 0 < missing < len(kinds) / 20
     # A redelivered duplicate is rewritten as its original was: still a duplicate.
-    assert governed_writes.citing_evidence(stream, conversations.evidence) == rewritten
-    policy = governed_writes.governing_policy().policy("tenant_0", 1)
+    assert governed_stream.citing_evidence(stream, conversations.evidence) == rewritten
+    policy = governed_stream.governing_policy().policy("tenant_0", 1)
     assert all(rule.evidence_required for rule in policy.rules)
     assert [r.kind for r in policy.rules if r.decision == "review"] == ["kind_0"]
 
