@@ -194,7 +194,10 @@ class Settings(BaseSettings):
     max_memory_value_bytes: int = Field(
         65536, description="largest accepted memory value, in bytes of JSON"
     )
-    batch_max_events: int = Field(2000, description="most events applied in one transaction")
+    # A deletion waits for the projections' transactions that hold its tenants' locks: 500
+    # keeps erasure under load within 2 s for about 15% more CPU per event than 2000
+    # (ops/decisions/erasure-latency.md).
+    batch_max_events: int = Field(500, description="most events applied in one transaction")
     batch_max_wait_seconds: float = Field(
         0.25,
         description="longest a partial batch of the derived-store and deletion workers waits "
