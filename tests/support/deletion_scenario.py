@@ -29,7 +29,7 @@ from streams.kafka import admin_config
 from streams.sample import EventFactory
 from streams.services import StoreSupplies, make_pool
 from support.embedders import embedder_of, vectors_of
-from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
+from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_CURRENT, MEMORY_EVENTS
 
 ALICE = ("user", "alice")
 BOB = ("user", "bob")
@@ -158,6 +158,11 @@ def cache_of(env: Any) -> RedisCache:
 
 
 def prime_cache(env: Any, tenant: str) -> None:
+    """Cache the tenant's recall of Alice and her conversation's context, once the cache
+    worker has read every ``memory.current`` change so far: a change it reads later would
+    invalidate the entries (cache freshness) before the test looks at them."""
+    env.wait_group_committed(env.settings.group_id("cache"), MEMORY_CURRENT)
+
     async def run(conn: Any) -> None:
         cache = cache_of(env)
         await reads.recall(conn, cache, RecallQuery(tenant, *ALICE), datetime.now(UTC))
