@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections.bookkeeping import Conn, HandoverTracking, PostgresTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
+from projections.embeddings.lance_writer import LanceWriterLock
 from projections.memory.projection import MemoryProjection
 from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
@@ -399,7 +400,11 @@ def feed_embeddings(
     settings: Settings, metrics: Metrics, parts: Resources, supplies: StoreSupplies
 ) -> None:
     """Index updates from memory.current and conversation.messages. They take the vector
-    store's write lock that tombstones take: one write at a time."""
+    store's write lock that tombstones take: one write at a time. On LanceDB, one process
+    writes a directory: a second worker stands by here until the writer stops (the lock is
+    held until this process ends)."""
+    if settings.vector_store == "lancedb":
+        LanceWriterLock(settings.vector_store_path).acquire()
     indexer = EmbeddingsIndexer(
         parts.pool,
         supplies.vectors,
