@@ -16,7 +16,7 @@ from projections.embeddings.lance_schema import SCHEMA_VERSION_KEY
 from projections.embeddings.vectors import SCHEMA_VERSION, Match, VectorSchemaOutdated
 from projections.memory.store import RecallQuery
 from streams import reads
-from streams.replay import replay_embeddings
+from streams.replay_embeddings import replay_embeddings
 from streams.sample import EventFactory
 from streams.services import open_vector_store
 from streams.settings import Settings
