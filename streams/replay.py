@@ -66,6 +66,7 @@ from streams.replay_reading import (
     Position,
     Progress,
     Start,
+    apply_range,
     partitions_of,
     positions,
     read,
@@ -193,7 +194,7 @@ async def replay_projection(
                 starts, ends = positions(first, topics, start)
             finally:
                 first.close()
-            progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+            progress = Progress.of(starts, ends)
             progress.partitions = len(ends)
             shares = shares_of(starts, ends, readers)
             others = [Reader.start(settings, memory, shadow_dsn, *share) for share in shares[1:]]
@@ -235,13 +236,15 @@ async def replay_projection(
                     on_progress(progress)
             else:
                 starts, ends = positions(consumer, topics, start)
-                progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
                 began = time.monotonic()
-                for batch in read(consumer, starts, ends, batch_size, progress):
-                    await runner.apply(batch, isolation)
-                    progress.done += len(batch)
-                    if on_progress is not None:
-                        on_progress(progress)
+                progress = await apply_range(
+                    consumer,
+                    starts,
+                    ends,
+                    batch_size,
+                    lambda batch: runner.apply(batch, isolation),
+                    on_progress,
+                )
             report = ReplayReport(
                 projection.name, shadow, progress.done, time.monotonic() - began, {}
             )

@@ -30,7 +30,7 @@ from streams.kafka import admin_config
 from streams.metrics import Metrics
 from streams.rebuild import ReplayStopped
 from streams.replay import DiscardingPublisher, ReplayReport, SwapMode, unpublished_letters
-from streams.replay_reading import Progress, positions, read, reader
+from streams.replay_reading import Progress, apply_range, positions, reader
 from streams.services import build_embedder, make_pool, open_vector_store, open_vector_tables
 from streams.settings import Settings
 from topics.registry import CONVERSATION_MESSAGES, MEMORY_CURRENT
@@ -88,13 +88,15 @@ async def replay_embeddings(
     try:
         feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
         starts, ends = positions(consumer, feeds, "earliest")
-        progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
         began = time.monotonic()
-        for batch in read(consumer, starts, ends, batch_size, progress):
-            await indexer.apply(batch, isolation)
-            progress.done += len(batch)
-            if on_progress is not None:
-                on_progress(progress)
+        progress = await apply_range(
+            consumer,
+            starts,
+            ends,
+            batch_size,
+            lambda batch: indexer.apply(batch, isolation),
+            on_progress,
+        )
         report = ReplayReport("embeddings", name, progress.done, time.monotonic() - began, {})
         rebuilt = await asyncio.to_thread(every_entry, shadow)
         current = await asyncio.to_thread(every_entry, live)

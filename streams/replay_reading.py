@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -30,6 +30,11 @@ class Progress:
     partitions: int = 0
     partitions_done: int = 0
     started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, starts: dict[Position, int], ends: dict[Position, int]) -> Progress:
+        """Nothing done yet of the messages from ``starts`` to ``ends``."""
+        return cls(total=sum(max(0, ends[p] - starts[p]) for p in ends))
 
     @property
     def rate(self) -> float:
@@ -126,3 +131,22 @@ def read(
         if batch:
             yield batch
     consumer.unassign()
+
+
+async def apply_range(
+    consumer: Consumer,
+    starts: dict[Position, int],
+    ends: dict[Position, int],
+    batch_size: int,
+    apply: Callable[[list[InputMessage]], Awaitable[object]],
+    on_progress: Callable[[Progress], None] | None,
+) -> Progress:
+    """Apply the messages between ``starts`` and ``ends`` batch by batch (``read``), telling
+    ``on_progress`` after each batch."""
+    progress = Progress.of(starts, ends)
+    for batch in read(consumer, starts, ends, batch_size, progress):
+        await apply(batch)
+        progress.done += len(batch)
+        if on_progress is not None:
+            on_progress(progress)
+    return progress

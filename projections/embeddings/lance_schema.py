@@ -17,7 +17,7 @@ from projections.embeddings.vectors import (
     EntryRef,
     VectorEntry,
     stored_entry,
-    stored_kind,
+    stored_ref,
 )
 
 if TYPE_CHECKING:  # lancedb takes about a second to import; the layout needs none of it
@@ -141,17 +141,4 @@ def entry_of(row: Mapping[str, Any]) -> VectorEntry:
 def ref_batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[list[EntryRef]]:
     for batch in reader:
         for offset in range(0, batch.num_rows, rows):
-            yield [_ref(row) for row in batch.slice(offset, rows).to_pylist()]
-
-
-def _ref(row: Mapping[str, Any]) -> EntryRef:
-    return EntryRef(
-        id=row["id"],
-        kind=stored_kind(row["id"], row["kind"]),
-        tenant_id=row["tenant_id"],
-        subject_type=row["subject_type"],
-        subject_id=row["subject_id"],
-        memory_id=row["memory_id"],
-        conversation_id=row["conversation_id"],
-        occurred_at=row["occurred_at"].astimezone(UTC),
-    )
+            yield [stored_ref(row) for row in batch.slice(offset, rows).to_pylist()]
