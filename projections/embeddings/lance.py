@@ -9,10 +9,8 @@ lancedb takes about a second to import, so modules that only read the port impor
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,7 +49,6 @@ from projections.embeddings.lexical import (
 )
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
-    REPLAY_PREFIX,
     SCHEMA_VERSION,
     Candidate,
     EmbedderMismatch,
@@ -498,59 +495,3 @@ class _Ranking(NearestIds):
         dim = self._queries.shape[1]
         vectors = batch.column("vector").flatten().to_numpy().reshape(-1, dim)
         self.add(batch.column("id").to_pylist(), vectors)
-
-
-def table_model(path: Path, table: str = "embeddings") -> str:
-    """The embedder whose vectors the table holds (it is opened, or created, first)."""
-    return stored_model(lancedb.connect(path).open_table(table).schema)
-
-
-def table_schema_version(path: Path, table: str = "embeddings") -> int:
-    """The version of the table's columns (``SCHEMA_VERSION`` for a table made now)."""
-    return stored_schema_version(lancedb.connect(path).open_table(table).schema)
-
-
-def drop_table(path: Path, table: str) -> None:
-    with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
-        lancedb.connect(path).drop_table(table)
-
-
-def replay_tables(path: Path) -> dict[str, datetime]:
-    """The rebuild tables still in the store (a rebuild that was killed leaves its own), with
-    when each was created."""
-    database = lancedb.connect(path)
-    found: dict[str, datetime] = {}
-    token: str | None = None
-    while True:
-        page = database.list_tables(page_token=token)
-        for name in page.tables:
-            if name.startswith(REPLAY_PREFIX):
-                stamp = name.removeprefix(REPLAY_PREFIX).split("_", 1)[0]
-                with contextlib.suppress(ValueError):
-                    found[name] = datetime.strptime(stamp, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
-        token = page.page_token
-        if not token:
-            return found
-
-
-class LanceShadows:
-    """The rebuild tables beside the live store: an erasure reaches them too, and they are
-    dropped once older than the rebuild grace period (``projections.stores.embeddings``)."""
-
-    def __init__(self, path: Path, dim: int, *, model: str) -> None:
-        self._path = path
-        self._dim = dim
-        self._model = model
-
-    def tables(self) -> dict[str, datetime]:
-        return replay_tables(self._path) if self._path.exists() else {}
-
-    def open(self, name: str) -> LanceVectorStore:
-        # Adopted: a rebuild table of another model is still erased from, and dropped in time.
-        return LanceVectorStore(self._path, self._dim, table=name, model=self._model, adopt=True)
-
-    def drop(self, name: str) -> None:
-        drop_table(self._path, name)
-
-    def recorded(self, name: str = "embeddings") -> tuple[str, int]:
-        return table_model(self._path, name), table_schema_version(self._path, name)

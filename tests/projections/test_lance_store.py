@@ -15,7 +15,7 @@ import pytest
 from projections.embeddings import lance_maintenance
 from projections.embeddings.embedder import WORDLLAMA_NAME
 from projections.embeddings.factory import build_embedder
-from projections.embeddings.lance import LanceVectorStore, table_model
+from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.lance_filters import match_filter, sql_string, tenant_filter
 from projections.embeddings.lance_maintenance import (
     INDEXED_COLUMNS,
@@ -28,6 +28,7 @@ from projections.embeddings.lance_schema import (
     lance_schema,
     stored_schema_version,
 )
+from projections.embeddings.lance_tables import table_model
 from projections.embeddings.vectors import (
     SCHEMA_VERSION,
     EmbedderMismatch,

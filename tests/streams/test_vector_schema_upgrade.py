@@ -11,8 +11,8 @@ from typing import Any
 import lancedb
 import pytest
 
-from projections.embeddings.lance import table_schema_version
 from projections.embeddings.lance_schema import SCHEMA_VERSION_KEY
+from projections.embeddings.lance_tables import table_schema_version
 from projections.embeddings.vectors import SCHEMA_VERSION, Match, VectorSchemaOutdated
 from projections.memory.store import RecallQuery
 from streams import reads
