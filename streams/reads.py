@@ -28,7 +28,7 @@ import orjson
 
 from projections.access.pauses import check_serving
 from projections.bookkeeping import Conn
-from projections.cache.store import RecallCache
+from projections.cache.port import RecallCache
 from projections.conversation import store as conversation_store
 from projections.deletion import guard as erasure_guard
 from projections.deletion import queries as ledger_queries

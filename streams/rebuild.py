@@ -33,9 +33,10 @@ Memory: beyond ``held_limit`` records or claims, what is held is dropped and rea
 from the shadow and ``processed_events``, as the live path reads it.
 
 Parallel readers: ``MemoryRebuild`` applies whatever partitions it is given; the replay runs
-one per process over disjoint partitions (``streams.replay``). A memory lives in one partition;
-an event id two partitions share is claimed by whichever commits first, and the other chunk
-is retried after reading the claim (``ConcurrentClaim``), as between two live workers.
+one per process over disjoint partitions (``streams.replay_processes``). A memory lives in
+one partition; an event id two partitions share is claimed by whichever commits first, and the
+other chunk is retried after reading the claim (``ConcurrentClaim``), as between two live
+workers.
 """
 
 from __future__ import annotations

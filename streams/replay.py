@@ -7,7 +7,9 @@ is published. The conversation projection is applied through the live worker's r
 memory projection on a path of its own (``streams.rebuild``: large chunks, its state held in
 memory, no outbox), by ``readers`` processes over disjoint partitions (the others started by
 this one, each a fresh interpreter; a reader that fails stops the replay, and one whose replay
-is killed stops at its next chunk). Live workers keep serving meanwhile. The shadow is then
+is killed stops at its next chunk: ``streams.replay_processes``). The log is read as
+``streams.replay_reading`` reads it; the vector store is rebuilt by
+``streams.replay_embeddings``. Live workers keep serving meanwhile. The shadow is then
 compared with the live projection per tenant, and swapped in atomically when asked to (or
 when they agree):
 
@@ -36,21 +38,15 @@ later swap would take them for the live worker's progress).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import multiprocessing
-import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from multiprocessing.process import BaseProcess
-from typing import Any, Final, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 import psycopg
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 from psycopg.conninfo import make_conninfo
 
@@ -59,36 +55,33 @@ from projections import shadow as shadows
 from projections.bookkeeping import Conn, OutboxMessage, lock_offsets, pending_outbox
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
-from projections.deletion import audit as ghost_audit
 from projections.deletion import guard as erasure_guard
-from projections.embeddings.vectors import (
-    SCHEMA_VERSION,
-    VectorEntry,
-    VectorStore,
-    replay_table_name,
-)
 from projections.memory.projection import MemoryProjection
-from projections.sealing.keys import KeyStore
-from projections.stores.embeddings import covered_entries
-from streams.failures import Explained, loggable
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
-from streams.kafka import admin_config, consumer_config, failed, input_message
 from streams.metrics import Metrics
-from streams.rebuild import MemoryRebuild, cannot_apply
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
+from streams.rebuild import cannot_apply
+from streams.replay_processes import Reader, rebuild_share, shares_of
+from streams.replay_reading import (
+    Position,
+    Progress,
+    Start,
+    apply_range,
+    partitions_of,
+    positions,
+    read,
+    reader,
+)
 from streams.runner import Projection, ProjectionRunner
-from streams.services import build_embedder, make_pool, open_vector_store, open_vector_tables
+from streams.services import make_pool
 from streams.settings import Settings
 from streams.worker import LiveInput, live_input
-from topics.messages import InputMessage
-from topics.registry import CONVERSATION_MESSAGES, DLQ_SUFFIX, MEMORY_CURRENT, TopicNames
+from topics.registry import DLQ_SUFFIX, TopicNames
 
-Start = Literal["earliest"] | datetime | dict[int, int]
 SwapMode = Literal["always", "if-equal", "never"]
-Position = tuple[str, int]
 
 
-def _unpublished_letters(settings: Settings) -> DeadLetters:
+def unpublished_letters(settings: Settings) -> DeadLetters:
     """A rebuild's dead letters: built as live, never published (``DiscardingPublisher``)."""
     return DeadLetters(LetterSealer(settings.worker_master_keys()), UnpublishedLetterKeys())
 
@@ -114,20 +107,6 @@ class DiscardingPublisher:
 
     def close(self) -> None:
         return None
-
-
-@dataclass(slots=True)
-class Progress:
-    total: int
-    done: int = 0
-    partitions: int = 0
-    partitions_done: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rate(self) -> float:
-        elapsed = time.monotonic() - self.started
-        return self.done / elapsed if elapsed > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -166,97 +145,6 @@ class ReplayReport:
             "model_change": list(self.model_change) if self.model_change else None,
             "schema_change": list(self.schema_change) if self.schema_change else None,
         }
-
-
-def reader(settings: Settings) -> Consumer:
-    """A committed reader (contract 1.1): its watermark queries end at the last stable
-    offset, and it reports reaching the end of a partition, so that a read whose end lies
-    behind transaction markers or aborted messages (offsets it never receives) still ends."""
-    return Consumer(
-        consumer_config(
-            settings.kafka,
-            **{
-                "group.id": f"memproj-replay-{uuid.uuid4().hex}",  # never commits: no group
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            },
-        )
-    )
-
-
-def partitions_of(consumer: Consumer, topics: Sequence[str]) -> list[Position]:
-    positions: list[Position] = []
-    for topic in topics:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        positions += [(topic, partition) for partition in sorted(metadata.partitions)]
-    return positions
-
-
-def positions(
-    consumer: Consumer, topics: Sequence[str], start: Start
-) -> tuple[dict[Position, int], dict[Position, int]]:
-    """Start and end offsets per partition; the end is fixed when the replay begins."""
-    starts: dict[Position, int] = {}
-    ends: dict[Position, int] = {}
-    for topic, partition in partitions_of(consumer, topics):
-        # ``reader`` is a committed reader: ``high`` is the last stable offset.
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        ends[(topic, partition)] = high
-        if start == "earliest":
-            starts[(topic, partition)] = low
-        elif isinstance(start, dict):
-            starts[(topic, partition)] = max(low, start.get(partition, low))
-        else:
-            millis = int(start.timestamp() * 1000)
-            (found,) = consumer.offsets_for_times(
-                [TopicPartition(topic, partition, millis)], timeout=10
-            )
-            starts[(topic, partition)] = high if found.offset < 0 else found.offset
-    return starts, ends
-
-
-def read(
-    consumer: Consumer,
-    starts: dict[Position, int],
-    ends: dict[Position, int],
-    batch_size: int,
-    progress: Progress | None = None,
-) -> Iterator[list[InputMessage]]:
-    """The messages between ``starts`` and ``ends``, in batches, in partition order."""
-    wanted = {pos: end for pos, end in ends.items() if starts.get(pos, end) < end}
-    if progress is not None:
-        progress.partitions = len(ends)
-        progress.partitions_done = len(ends) - len(wanted)
-    if not wanted:
-        return
-    consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in wanted])
-    while wanted:
-        batch: list[InputMessage] = []
-        for message in consumer.consume(batch_size, timeout=1.0):
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            error = message.error()
-            if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                raise failed(error, "replay read")
-            assert topic is not None and partition is not None and offset is not None
-            position = (topic, partition)
-            end = wanted.get(position)
-            if end is not None and error is not None and offset >= end:
-                # Nothing more for a committed reader up to the end: what is left are
-                # offsets it never receives (transaction markers, aborted messages).
-                del wanted[position]
-                if progress is not None:
-                    progress.partitions_done += 1
-                continue
-            if end is None or error is not None or offset >= end:
-                continue
-            batch.append(input_message(message))
-            if offset + 1 >= end:
-                del wanted[position]
-                if progress is not None:
-                    progress.partitions_done += 1
-        if batch:
-            yield batch
-    consumer.unassign()
 
 
 async def _published(conn: Conn, projection: str, seconds: float = 60.0) -> None:
@@ -298,7 +186,7 @@ async def replay_projection(
         )
         topics = [settings.topics.name(s) for s in projection.input_specs]
         began = time.monotonic()
-        others: list[_Reader] = []
+        others: list[Reader] = []
         if memory is not None:
             # The end offsets are fixed before any reader starts.
             first = reader(settings)
@@ -306,10 +194,10 @@ async def replay_projection(
                 starts, ends = positions(first, topics, start)
             finally:
                 first.close()
-            progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
+            progress = Progress.of(starts, ends)
             progress.partitions = len(ends)
-            shares = _shares(starts, ends, readers)
-            others = [_Reader.start(settings, memory, shadow_dsn, *share) for share in shares[1:]]
+            shares = shares_of(starts, ends, readers)
+            others = [Reader.start(settings, memory, shadow_dsn, *share) for share in shares[1:]]
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
@@ -317,7 +205,7 @@ async def replay_projection(
         # A rebuild dead-letters nothing (DiscardingPublisher stops it instead), and a
         # systemic fault stops it like a live worker.
         isolation = Isolation(
-            CircuitBreaker(f"replay {projection.name}"), metrics, _unpublished_letters(settings)
+            CircuitBreaker(f"replay {projection.name}"), metrics, unpublished_letters(settings)
         )
         consumer = reader(settings)
         try:
@@ -348,13 +236,15 @@ async def replay_projection(
                     on_progress(progress)
             else:
                 starts, ends = positions(consumer, topics, start)
-                progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
                 began = time.monotonic()
-                for batch in read(consumer, starts, ends, batch_size, progress):
-                    await runner.apply(batch, isolation)
-                    progress.done += len(batch)
-                    if on_progress is not None:
-                        on_progress(progress)
+                progress = await apply_range(
+                    consumer,
+                    starts,
+                    ends,
+                    batch_size,
+                    lambda batch: runner.apply(batch, isolation),
+                    on_progress,
+                )
             report = ReplayReport(
                 projection.name, shadow, progress.done, time.monotonic() - began, {}
             )
@@ -374,140 +264,6 @@ async def replay_projection(
             consumer.close()
             await pool.close()
     return report
-
-
-# A rebuild's chunk: large, since its state is held in memory and it publishes nothing.
-BULK_CHUNK = 10_000
-
-
-async def rebuild_share(
-    consumer: Consumer,
-    projection: MemoryProjection,
-    shadow_dsn: str,
-    starts: dict[Position, int],
-    ends: dict[Position, int],
-    shown: Callable[[int, int], None],
-    chunk_size: int = BULK_CHUNK,
-) -> None:
-    """Apply these partitions of the sealed log to the shadow (``streams.rebuild``);
-    ``shown(events, partitions)`` after each chunk, with what this reader has done."""
-    rebuild = MemoryRebuild(projection)
-    mine = Progress(total=0)
-    async with await psycopg.AsyncConnection.connect(shadow_dsn) as conn:
-        for batch in read(consumer, starts, ends, chunk_size, mine):
-            await rebuild.apply(conn, batch)
-            shown(rebuild.applied, mine.partitions_done)
-
-
-class ReaderFailed(Explained, RuntimeError):
-    """A reader process of a rebuild failed; the text says its error by class and code."""
-
-
-# How a reader's process starts: a fresh interpreter. A fork would copy the replay's running
-# event loop (and its Kafka and PostgreSQL clients' threads) into a process that must run a
-# loop of its own (ops/decisions/rebuild.md, "Readers").
-READER_START_METHOD: Final = "spawn"
-
-
-class _Reader:
-    """Another process applying a share of the partitions (``rebuild_share``), started by the
-    replay: it is given the projection as the replay holds it (pickled), opens its own Kafka
-    reader and connection, and reports how far it got through shared counters."""
-
-    def __init__(self, process: BaseProcess, done: Any, partitions_done: Any, outcome: Any) -> None:
-        self.process = process
-        self.done = done
-        self.partitions_done = partitions_done
-        self._outcome = outcome
-
-    @classmethod
-    def start(
-        cls,
-        settings: Settings,
-        projection: MemoryProjection,
-        shadow_dsn: str,
-        starts: dict[Position, int],
-        ends: dict[Position, int],
-    ) -> _Reader:
-        context = multiprocessing.get_context(READER_START_METHOD)
-        done, partitions_done = context.Value("q", 0), context.Value("q", 0)
-        receiving, sending = context.Pipe(duplex=False)
-        process = context.Process(
-            target=_read_share,
-            args=(settings, projection, shadow_dsn, starts, ends, done, partitions_done, sending),
-            name="memproj-replay-reader",
-            daemon=True,  # ends with the replay
-        )
-        process.start()
-        sending.close()
-        return cls(process, done, partitions_done, receiving)
-
-    def wait(self, seconds: float | None = None) -> bool:
-        """Whether the reader is done (waiting up to ``seconds``); raises what stopped it."""
-        self.process.join(seconds)
-        if self.process.is_alive():
-            return False
-        failure = self._outcome.recv() if self._outcome.poll() else None
-        if failure is None and self.process.exitcode != 0:
-            failure = ("failed", f"exit code {self.process.exitcode}")
-        if failure is None:
-            return True
-        kind, text = failure
-        if kind == "stopped":
-            raise ReplayStopped(text)
-        raise ReaderFailed(f"a replay reader failed: {text}")
-
-    def stop(self) -> None:
-        """This reader's process ends (a no-op once it has)."""
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join()
-
-
-def _read_share(
-    settings: Settings,
-    projection: MemoryProjection,
-    shadow_dsn: str,
-    starts: dict[Position, int],
-    ends: dict[Position, int],
-    done: Any,
-    partitions_done: Any,
-    outcome: Any,
-) -> None:
-    """A reader's process: apply its share, send None or what stopped it."""
-    replay = os.getppid()
-
-    def shown(events: int, partitions: int) -> None:
-        if os.getppid() != replay:
-            os._exit(1)  # the replay was killed: its shadow is abandoned, stop writing it
-        done.value, partitions_done.value = events, partitions
-
-    consumer = reader(settings)
-    try:
-        asyncio.run(rebuild_share(consumer, projection, shadow_dsn, starts, ends, shown))
-        outcome.send(None)
-    except ReplayStopped as stopped:
-        outcome.send(("stopped", str(stopped)))
-    except BaseException as exc:  # reported to the replay, which raises it
-        outcome.send(("failed", loggable(exc)))
-    finally:
-        consumer.close()
-
-
-def _shares(
-    starts: dict[Position, int], ends: dict[Position, int], readers: int
-) -> list[tuple[dict[Position, int], dict[Position, int]]]:
-    """The partitions split into ``readers`` shares of about as many messages (the largest
-    first, each to the lightest share); the first share is this process's."""
-    count = max(1, min(readers, len(ends)))
-    shares: list[tuple[dict[Position, int], dict[Position, int]]] = [({}, {}) for _ in range(count)]
-    loads = [0] * count
-    for position in sorted(ends, key=lambda p: (starts[p] - ends[p], p)):
-        lightest = loads.index(min(loads))
-        shares[lightest][0][position] = starts[position]
-        shares[lightest][1][position] = ends[position]
-        loads[lightest] += max(0, ends[position] - starts[position])
-    return shares
 
 
 async def _swap(
@@ -561,111 +317,3 @@ async def _swap(
     await live_conn.commit()
     report.swapped = True
     report.retired = retired
-
-
-def _digests(entries: Sequence[VectorEntry]) -> dict[str, shadows.TenantDigest]:
-    by_tenant: dict[str, list[VectorEntry]] = {}
-    for entry in entries:
-        by_tenant.setdefault(entry.tenant_id, []).append(entry)
-    return {
-        tenant: shadows.TenantDigest(
-            {"entries": len(found)},
-            hashlib.md5(orjson.dumps(sorted((e.id, e.version, e.text) for e in found))).hexdigest(),
-        )
-        for tenant, found in by_tenant.items()
-    }
-
-
-async def replay_embeddings(
-    settings: Settings,
-    swap: SwapMode = "if-equal",
-    on_progress: Callable[[Progress], None] | None = None,
-    batch_size: int = 2000,
-) -> ReplayReport:
-    """Rebuild the vector store from ``memory.current`` and ``conversation.messages`` into a
-    shadow table, through the same indexer and guard as the live worker; compare per tenant;
-    swap by replacing the live table's content in one commit (old versions purged).
-
-    The rebuild embeds with the configured embedder (``MEMPROJ_EMBEDDER``): it is how the
-    vectors move to another model. The live table is read whatever model it holds; when that
-    is another one, ``if-equal`` swaps the rebuild in even where the entries differ (the
-    comparison is of entries, not vectors): the live vectors are unusable to this embedder,
-    and ``never`` still keeps them. The same goes for a live table of an older schema
-    (without the columns search filters by, which the vector store refuses to read)."""
-    from streams.agents.index import EmbeddingsIndexer
-
-    name = replay_table_name(datetime.now(UTC))
-    tables = open_vector_tables(settings)
-    shadow = open_vector_store(settings, table=name)
-    live = open_vector_store(settings, adopt=True)
-    previous_model, previous_schema = tables.recorded()
-    pool = make_pool(settings.postgres_conninfo, 2)
-    await pool.open(wait=True)
-    metrics = Metrics(CollectorRegistry())
-    indexer = EmbeddingsIndexer(
-        pool, shadow, build_embedder(settings), DiscardingPublisher(),
-        settings.topics, metrics, asyncio.Lock(),
-        # The records of conversation.messages are sealed: the erased ones stay shut.
-        KeyStore(settings.worker_master_keys()),
-    )  # fmt: skip
-    isolation = Isolation(
-        CircuitBreaker("replay embeddings"), metrics, _unpublished_letters(settings)
-    )
-    consumer = reader(settings)
-    try:
-        feeds = [settings.topics.name(MEMORY_CURRENT), settings.topics.name(CONVERSATION_MESSAGES)]
-        starts, ends = positions(consumer, feeds, "earliest")
-        progress = Progress(total=sum(max(0, ends[p] - starts[p]) for p in ends))
-        began = time.monotonic()
-        for batch in read(consumer, starts, ends, batch_size, progress):
-            await indexer.apply(batch, isolation)
-            progress.done += len(batch)
-            if on_progress is not None:
-                on_progress(progress)
-        report = ReplayReport("embeddings", name, progress.done, time.monotonic() - began, {})
-        rebuilt = await asyncio.to_thread(every_entry, shadow)
-        current = await asyncio.to_thread(every_entry, live)
-        report.differences = shadows.differences(_digests(current), _digests(rebuilt))
-        report.model_change = (
-            (previous_model, shadow.model) if previous_model != shadow.model else None
-        )
-        if previous_schema != SCHEMA_VERSION:
-            report.schema_change = (previous_schema, SCHEMA_VERSION)
-        # The live entries are unusable as they are: the rebuild replaces them even where the
-        # entries differ (``never`` still keeps them).
-        unusable = report.model_change is not None or report.schema_change is not None
-        equal = not report.differences or unusable
-        if swap == "always" or (swap == "if-equal" and equal):
-            members = group_members(settings, settings.group_id("embeddings"))
-            if members:
-                raise ReplayStopped(
-                    f"the embeddings worker is running ({', '.join(members)}): stop it to swap"
-                    " the rebuilt vectors in, and replay again; nothing was swapped"
-                )
-            # A deletion during the rebuild may have reached the live table (and been acked)
-            # after the shadow indexed the item: the shadow is swept before it replaces it.
-            async with pool.connection() as conn:
-                erased = covered_entries(rebuilt, await ghost_audit.load_covered(conn))
-            report.swept = len(erased)
-            doomed = {entry.id for entry in erased}
-            rebuilt = [entry for entry in rebuilt if entry.id not in doomed]
-            await asyncio.to_thread(live.replace_all, rebuilt)
-            report.swapped = True
-    finally:
-        consumer.close()
-        await pool.close()
-        # Swapped or not, the shadow table goes: a full copy that no erasure reaches must not
-        # stay behind (the report keeps the differences).
-        await asyncio.to_thread(tables.drop, name)
-    return report
-
-
-def every_entry(store: VectorStore) -> list[VectorEntry]:
-    """The whole store, read tenant by tenant (its reads are tenant-filtered)."""
-    return [entry for tenant in store.tenants() for entry in store.entries(tenant)]
-
-
-def group_members(settings: Settings, group: str) -> list[str]:
-    admin = AdminClient(admin_config(settings.kafka))
-    description = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
-    return sorted(f"{m.client_id}@{m.host}" for m in description.members)

@@ -100,7 +100,7 @@ def open_vector_tables(settings: Settings) -> VectorTables:
 
         pool = vector_pool(settings.postgres_conninfo, settings.postgres_pool_size)
         return PostgresCollections(pool, model.dim, model=model.name)
-    from projections.embeddings.lance import LanceShadows  # lancedb: see open_vector_store
+    from projections.embeddings.lance_tables import LanceShadows  # lancedb: see open_vector_store
 
     return LanceShadows(settings.vector_store_path, model.dim, model=model.name)
 

@@ -28,7 +28,7 @@ from _pytest.mark.expression import Expression
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from projections.cache.store import glob_literal, key_part
+from projections.cache.keys import glob_literal, key_part
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic

@@ -30,7 +30,8 @@ from typing import Any
 from environment import percentile
 from redis.asyncio import RedisCluster
 
-from projections.cache.store import Holdings, RedisCache, RedisClient, connect
+from projections.cache.entries import Holdings
+from projections.cache.store import RedisCache, RedisClient, connect
 from streams.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from projections.embeddings.embedder import memory_text
 from projections.embeddings.factory import EMBEDDER_KINDS, EmbedderKind, build_embedder
 from streams.kafka import consumer_config
 from streams.progress import committed_offsets, end_offsets, wait_pipeline
-from streams.replay import group_members
+from streams.replay_embeddings import group_members
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
 from topics.registry import MEMORY_CURRENT, MEMORY_EVENTS

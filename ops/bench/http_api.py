@@ -151,10 +151,11 @@ def load(settings: Settings, embedder: Embedder, count: int, subjects: int) -> d
 
 def drop_scalar_indexes(settings: Settings) -> None:
     """An experiment: the vector table without the scalar indexes the store keeps on the
-    columns search prefilters by (``lance.INDEXED_COLUMNS``), to measure what they are worth."""
+    columns search prefilters by (``lance_maintenance.INDEXED_COLUMNS``), to measure what they
+    are worth."""
     import lancedb
 
-    from projections.embeddings.lance import INDEXED_COLUMNS
+    from projections.embeddings.lance_maintenance import INDEXED_COLUMNS
 
     table = lancedb.connect(settings.vector_store_path).open_table("embeddings")
     for column in INDEXED_COLUMNS:

@@ -19,7 +19,8 @@ import string
 import time
 from collections.abc import Callable
 
-from projections.admission.instructions import RULES, Scanner, match_text, readings
+from projections.admission.instructions import RULES, Scanner, match_text
+from projections.admission.unicode_folding import readings
 
 SIZES = (100_000, 1_000_000)
 

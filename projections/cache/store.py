@@ -6,263 +6,35 @@ it (``indexed_each``: what the indexes and the known context keys still name). `
 proves a deletion by scanning anyway, so an entry written behind the indexes' back is found
 too; a scan walks the whole keyspace (every namespace's keys), so it is for the ledger's
 verification probe and the ghost audit, not for a tombstone's acknowledgement
-(ops/decisions/cache-erasure.md).
-
-Keys (every part escaped by ``key_part``; ``<ns>`` is the namespace, ``{<tenant>}`` the
-tenant in braces)::
-
-    <ns>:cache:{<tenant>}:recall:<subject_type>:<subject_id>:<query_key>
-    <ns>:cache:{<tenant>}:context:<conversation_id>
-    <ns>:index:{<tenant>}:subject:<subject_type>:<subject_id>   a set of cache keys
-    <ns>:index:{<tenant>}:memory:<memory_id>                    a set of cache keys
-    <ns>:index:{<tenant>}:conversation:<conversation_id>        a set of cache keys
-
-The braces are a Redis Cluster hash tag: every key of a tenant hashes to the slot of its tenant
-alone, so each atomic write (an entry and its indexes; an invalidation's deletions) touches
-one slot, on a single Redis and on a cluster alike (``connect``; ops/decisions/redis-cluster.md).
-Every other brace is escaped, so the tenant's are always the first pair.
+(ops/decisions/cache-erasure.md). The keys, one slot per tenant, are ``projections.cache.keys``';
+what an entry holds, ``projections.cache.entries``'.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
 
-from topics.envelope import source_conversation
+from projections.cache.entries import (
+    UNREADABLE,
+    Holdings,
+    Subject,
+    context_entry,
+    decode_entry,
+    holdings_of,
+    recall_entry,
+)
+from projections.cache.keys import TenantKeys
 
-Subject = tuple[str, str]
 # A single Redis or a Redis Cluster (``connect``): the cache and the audit use either alike.
 RedisClient = Redis | RedisCluster
 
 READ_BATCH = 500
-UNREADABLE: dict[str, Any] = {"unreadable": True}
-
-# ':' separates key parts and '%' starts an escape, so escaping both keeps keys unambiguous
-# (tenant "a:b" + subject "c" never meets tenant "a" + subject "b:c"); braces, so that the only
-# hash tag of a key is its tenant's; the others are glob metacharacters, escaped so that no id
-# can widen a SCAN pattern built from a key.
-_KEY_PART_ESCAPES = str.maketrans({char: f"%{ord(char):02X}" for char in "%:{}*?[]\\"})
-_GLOB_ESCAPES = str.maketrans({char: "\\" + char for char in "*?[]\\"})
-
-
-def key_part(text: str) -> str:
-    return text.translate(_KEY_PART_ESCAPES)
-
-
-def build_key(*parts: str) -> str:
-    """The one place a Redis key is made."""
-    return ":".join(map(key_part, parts))
-
-
-def hash_tag(tenant_id: str) -> str:
-    """The key part that places a tenant's keys in one Redis Cluster slot: its escaped id in
-    braces. Never empty braces (Redis would hash the whole key): a tenant id is not empty."""
-    if not tenant_id:
-        raise ValueError("a tenant id is not empty")
-    return "{" + key_part(tenant_id) + "}"
-
-
-def tenant_key(namespace: str, kind: str, tenant_id: str, *parts: str) -> str:
-    """A key of one tenant (``build_key`` with the tenant's hash tag as its third part)."""
-    return ":".join([build_key(namespace, kind), hash_tag(tenant_id), *map(key_part, parts)])
-
-
-def glob_literal(text: str) -> str:
-    return text.translate(_GLOB_ESCAPES)
-
-
-@dataclass(frozen=True, slots=True)
-class Holdings:
-    """The subjects, memories and conversations a cache entry holds, or a deletion targets."""
-
-    subjects: frozenset[Subject] = frozenset()
-    memory_ids: frozenset[str] = frozenset()
-    conversation_ids: frozenset[str] = frozenset()
-
-    @classmethod
-    def targets(
-        cls, subject: Subject | None, conversation_ids: Sequence[str], memory_ids: Sequence[str]
-    ) -> Holdings:
-        # A bare string is a Sequence[str] too: "conv_1" would target conversations "c", "o", ...
-        # and the proof would then vouch for the wrong ids.
-        if isinstance(conversation_ids, str) or isinstance(memory_ids, str):
-            raise TypeError("conversation_ids and memory_ids take a sequence of ids, not a str")
-        return cls(
-            frozenset() if subject is None else frozenset([(subject[0], subject[1])]),
-            frozenset(memory_ids),
-            frozenset(conversation_ids),
-        )
-
-    def overlaps(self, other: Holdings) -> bool:
-        return bool(
-            self.subjects & other.subjects
-            or self.memory_ids & other.memory_ids
-            or self.conversation_ids & other.conversation_ids
-        )
-
-
-def as_subject(value: Any) -> Subject | None:
-    """A subject as entries store it ([type, id]) or as a memory record does ({type, id})."""
-    if isinstance(value, Mapping):
-        value = (value.get("type"), value.get("id"))
-    if (
-        isinstance(value, list | tuple)
-        and len(value) == 2
-        and all(isinstance(v, str) for v in value)
-    ):
-        return (value[0], value[1])
-    return None
-
-
-def source_conversations(record: Mapping[str, Any]) -> set[str]:
-    """The conversation a memory came from, if its source points into one
-    (``topics.envelope.source_conversation``)."""
-    source = record.get("source")
-    if not isinstance(source, Mapping):
-        return set()
-    source_type, ref = source.get("type"), source.get("ref")
-    if not isinstance(source_type, str) or not isinstance(ref, str):
-        return set()
-    conversation = source_conversation(source_type, ref)
-    return set() if conversation is None else {conversation}
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def holdings_of(entry: Mapping[str, Any]) -> Holdings:
-    """What an entry holds, read from any JSON object so that entries written by someone else
-    are judged by their content, not by how this module writes them."""
-    records = [r for r in _as_list(entry.get("records")) if isinstance(r, Mapping)]
-    subjects = [entry.get("subject"), entry.get("owner"), *(r.get("subject") for r in records)]
-    memory_ids = [*_as_list(entry.get("memory_ids")), *(r.get("memory_id") for r in records)]
-    conversation_ids = [
-        entry.get("conversation_id"),
-        *(c for r in records for c in source_conversations(r)),
-    ]
-    return Holdings(
-        frozenset(s for s in map(as_subject, subjects) if s is not None),
-        frozenset(m for m in memory_ids if isinstance(m, str)),
-        frozenset(c for c in conversation_ids if isinstance(c, str)),
-    )
-
-
-def recall_entry(subject: Subject, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    return {
-        "subject": list(subject),
-        "memory_ids": [record["memory_id"] for record in records],
-        "records": [dict(record) for record in records],
-    }
-
-
-def context_entry(conversation_id: str, owner: Subject, view: Mapping[str, Any]) -> dict[str, Any]:
-    return {"conversation_id": conversation_id, "owner": list(owner), "view": dict(view)}
-
-
-def decode_entry(value: bytes | str) -> dict[str, Any] | None:
-    """The entry, or None when the value is not a JSON object."""
-    try:
-        entry = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    return entry if isinstance(entry, dict) else None
-
-
-@dataclass(frozen=True, slots=True)
-class TenantKeys:
-    namespace: str
-    tenant_id: str
-
-    def _key(self, kind: str, *parts: str) -> str:
-        return tenant_key(self.namespace, kind, self.tenant_id, *parts)
-
-    def recall(self, subject: Subject, query_key: str) -> str:
-        return self._key("cache", "recall", *subject, query_key)
-
-    def context(self, conversation_id: str) -> str:
-        return self._key("cache", "context", conversation_id)
-
-    def cache_prefix(self) -> str:
-        """What every cache entry's key of this tenant starts with, and no other key."""
-        return self._key("cache") + ":"
-
-    def cache_pattern(self) -> str:
-        """SCAN pattern matching every cache entry of this tenant and nothing else."""
-        return glob_literal(self.cache_prefix()) + "*"
-
-    def subject_index(self, subject: Subject) -> str:
-        return self._key("index", "subject", *subject)
-
-    def memory_index(self, memory_id: str) -> str:
-        return self._key("index", "memory", memory_id)
-
-    def conversation_index(self, conversation_id: str) -> str:
-        return self._key("index", "conversation", conversation_id)
-
-    def indexes(self, holdings: Holdings) -> list[str]:
-        return [
-            *map(self.subject_index, sorted(holdings.subjects)),
-            *map(self.memory_index, sorted(holdings.memory_ids)),
-            *map(self.conversation_index, sorted(holdings.conversation_ids)),
-        ]
-
-
-class RecallCache(Protocol):
-    """The cache port: recall results and context views of every tenant, each entry indexed
-    under the subjects, memories and conversations it holds (``holdings_of``), so that an
-    invalidation and its check find them without a scan. ``RedisCache`` keeps it in Redis;
-    every adapter passes the contract of tests/support/contracts/cache.py."""
-
-    async def get_recall(
-        self, tenant_id: str, subject: Subject, query_key: str
-    ) -> list[dict[str, Any]] | None: ...
-
-    async def put_recall(
-        self,
-        tenant_id: str,
-        subject: Subject,
-        query_key: str,
-        records: Sequence[Mapping[str, Any]],
-    ) -> None: ...
-
-    async def get_context(self, tenant_id: str, conversation_id: str) -> dict[str, Any] | None: ...
-
-    async def put_context(
-        self, tenant_id: str, conversation_id: str, owner: Subject, view: Mapping[str, Any]
-    ) -> None: ...
-
-    async def invalidate(
-        self,
-        tenant_id: str,
-        *,
-        subject: Subject | None = None,
-        conversation_ids: Sequence[str] = (),
-        memory_ids: Sequence[str] = (),
-    ) -> int: ...
-
-    async def invalidate_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[int]: ...
-
-    async def reachable(
-        self,
-        tenant_id: str,
-        *,
-        subject: Subject | None = None,
-        conversation_ids: Sequence[str] = (),
-        memory_ids: Sequence[str] = (),
-    ) -> list[str]: ...
-
-    async def reachable_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[list[str]]: ...
-
-    async def indexed_each(self, erasures: Sequence[tuple[str, Holdings]]) -> list[list[str]]: ...
-
-    async def entries(self, tenant_id: str) -> list[tuple[str, dict[str, Any]]]: ...
 
 
 # The writes are Lua scripts rather than MULTI/EXEC: as atomic, and one command whose keys (all

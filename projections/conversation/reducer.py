@@ -25,7 +25,8 @@ from projections.deletion.erasure import (
 )
 from projections.fold import BatchOutcome, BatchReducer, Covered, fold
 from projections.idempotency import EventKey
-from projections.redaction import Redactions, redact_personal
+from projections.redaction import Redactions
+from projections.redaction_values import redact_personal
 from topics.conversation import (
     ConversationEvent,
     ConversationStarted,

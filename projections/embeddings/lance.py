@@ -9,11 +9,8 @@ lancedb takes about a second to import, so modules that only read the port impor
 
 from __future__ import annotations
 
-import contextlib
 import re
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,11 +18,28 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lancedb.index import BTree
 from lancedb.query import LanceVectorQueryBuilder
 from lancedb.table import Table
 
-from projections.embeddings.embedder import hashing_name
+from projections.embeddings.lance_filters import (
+    any_match_filter,
+    any_of,
+    match_filter,
+    memory_only_filter,
+    tenant_filter,
+)
+from projections.embeddings.lance_maintenance import maintain_indexes, purge_history
+from projections.embeddings.lance_schema import (
+    REF_COLUMNS,
+    STORE_KEY,
+    entry_of,
+    entry_rows,
+    lance_schema,
+    ref_batches,
+    stored_model,
+    stored_schema_version,
+    table_columns,
+)
 from projections.embeddings.lexical import (
     SEPARATORS,
     lexical_ranking,
@@ -35,7 +49,6 @@ from projections.embeddings.lexical import (
 )
 from projections.embeddings.ranking import NearestIds
 from projections.embeddings.vectors import (
-    REPLAY_PREFIX,
     SCHEMA_VERSION,
     Candidate,
     EmbedderMismatch,
@@ -48,144 +61,9 @@ from projections.embeddings.vectors import (
     VectorHit,
     VectorSchemaOutdated,
     VectorStoreMissing,
-    stored_entry,
     stored_kind,
 )
 
-# -- filters -------------------------------------------------------------------------------
-
-
-def sql_string(value: str) -> str:
-    """``value`` as a LanceDB (DataFusion) SQL string literal.
-
-    Every identifier reaching a filter goes through here: they are any text at all, quotes
-    included. Only the single quote is special in a standard SQL literal (backslashes and
-    ``%`` are plain characters outside ``LIKE``), and it is escaped by doubling it.
-    """
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _any_of(column: str, values: Sequence[str]) -> str:
-    return f"{column} IN ({', '.join(sql_string(value) for value in values)})"
-
-
-def tenant_filter(tenant_id: str, subject: tuple[str, str] | None = None) -> str:
-    condition = f"tenant_id = {sql_string(tenant_id)}"
-    if subject is not None:
-        condition += f" AND {_subject_filter(subject)}"
-    return condition
-
-
-def _subject_filter(subject: tuple[str, str]) -> str:
-    subject_type, subject_id = subject
-    return f"subject_type = {sql_string(subject_type)} AND subject_id = {sql_string(subject_id)}"
-
-
-def memory_only_filter(only: MemoryOnly) -> str:
-    """The LanceDB filter selecting the memory entries ``only`` admits (not an empty one:
-    ``IN ()`` is no SQL, and it admits nothing, so there is no query to run)."""
-    if only.admits_nothing:
-        raise ValueError("a confinement that admits nothing has no filter")
-    condition = "kind = 'memory'"
-    if only.kinds is not None:
-        condition += f" AND {_any_of('memory_kind', sorted(only.kinds))}"
-    if only.scopes is not None:
-        condition += f" AND {_any_of('scope', sorted(only.scopes))}"
-    return condition
-
-
-def match_filter(match: Match) -> str | None:
-    """The LanceDB filter selecting exactly the entries ``match.matches``; None when the match
-    is empty (it selects nothing, and there is no query to run)."""
-    alternatives = []
-    if match.subject is not None:
-        alternatives.append(f"({_subject_filter(match.subject)})")
-    if match.conversation_ids:
-        alternatives.append(_any_of("conversation_id", match.conversation_ids))
-    if match.memory_ids:
-        alternatives.append(_any_of("memory_id", match.memory_ids))
-    if match.entry_ids:
-        alternatives.append(_any_of("id", match.entry_ids))
-    if not alternatives:
-        return None
-    return f"{tenant_filter(match.tenant_id)} AND ({' OR '.join(alternatives)})"
-
-
-def any_match_filter(matches: Sequence[Match]) -> str | None:
-    """The LanceDB filter selecting the entries any of ``matches`` selects; None when every
-    match is empty."""
-    filters = [f"({where})" for where in map(match_filter, matches) if where is not None]
-    return " OR ".join(filters) if filters else None
-
-
-# -- LanceDB -------------------------------------------------------------------------------
-
-
-# The schema metadata that records which embedder wrote a table's vectors. A table without it
-# was written before embedders were named, when the hashing embedder was the only one.
-MODEL_KEY = b"memproj.embedder"
-DIM_KEY = b"memproj.embedding_dim"
-# The version of the table's columns (``SCHEMA_VERSION``). A table without the key is of
-# version 1.
-SCHEMA_VERSION_KEY = b"memproj.vector_schema"
-
-
-def stored_model(schema: pa.Schema) -> str:
-    """The embedder a table's vectors come from, as its schema metadata records it."""
-    metadata = schema.metadata or {}
-    if MODEL_KEY in metadata:
-        return bytes(metadata[MODEL_KEY]).decode()
-    return hashing_name(schema.field("vector").type.list_size)
-
-
-def stored_schema_version(schema: pa.Schema) -> int:
-    """The version of a table's columns, as its schema metadata records it."""
-    metadata = schema.metadata or {}
-    return int(bytes(metadata[SCHEMA_VERSION_KEY])) if SCHEMA_VERSION_KEY in metadata else 1
-
-
-def lance_schema(dim: int, model: str | None = None) -> pa.Schema:
-    """The table's columns; with ``model``, the metadata recording the embedder (every write
-    carries it: an overwrite replaces the table's schema, metadata included)."""
-    schema = pa.schema(
-        [
-            pa.field("id", pa.string(), nullable=False),
-            pa.field("kind", pa.string(), nullable=False),
-            pa.field("tenant_id", pa.string(), nullable=False),
-            pa.field("subject_type", pa.string(), nullable=False),
-            pa.field("subject_id", pa.string(), nullable=False),
-            pa.field("memory_id", pa.string(), nullable=True),
-            pa.field("conversation_id", pa.string(), nullable=True),
-            pa.field("message_id", pa.string(), nullable=True),
-            pa.field("source_type", pa.string(), nullable=False),
-            pa.field("source_ref", pa.string(), nullable=False),
-            pa.field("text", pa.string(), nullable=False),
-            pa.field("version", pa.int64(), nullable=False),
-            pa.field("occurred_at", pa.timestamp("us", tz="UTC"), nullable=False),
-            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
-            pa.field("memory_kind", pa.string(), nullable=True),
-            pa.field("scope", pa.string(), nullable=True),
-        ]
-    )
-    if model is None:
-        return schema
-    return schema.with_metadata(
-        {
-            MODEL_KEY: model.encode(),
-            DIM_KEY: str(dim).encode(),
-            SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(),
-        }
-    )
-
-
-_COLUMNS = tuple(lance_schema(1).names)
-# The columns of version 1 tables lack (``_entry`` reads them as None): only the rebuild and
-# the erasures of rebuild tables (``adopt``) ever read such a table.
-_ADDED_COLUMNS = ("memory_kind", "scope")
-_REF_COLUMNS = (
-    "id", "kind", "tenant_id", "subject_type", "subject_id", "memory_id", "conversation_id",
-    "occurred_at",
-)  # fmt: skip
 # What a read's ranking answers with (``search_candidates``): no text, no vector.
 _CANDIDATE_COLUMNS = ("id", "kind", "tenant_id", "memory_id", "version")
 # Rows per batch of the scans that stream a table (``nearest``): a batch of 256-dimension
@@ -194,25 +72,6 @@ _CANDIDATE_COLUMNS = ("id", "kind", "tenant_id", "memory_id", "version")
 # 512 rows a batch, +114 MB with 2048 (the larger temporaries fragment the heap).
 SCAN_BATCH_ROWS = 512
 _T = TypeVar("_T")
-
-# BTREE scalar indexes on the columns every search's prefilter starts with (``tenant_filter``):
-# without them LanceDB reads every row's tenant and subject to find a subject's few dozen.
-# Measured in-process on 100,000 rows of 2,000 subjects: 87 ms of CPU a search without, 9 ms
-# with (ops/decisions/api-core.md). The kind and scope need none: they refine the few rows the
-# subject's index selected.
-INDEXED_COLUMNS = ("tenant_id", "subject_id")
-# Rows written since an index was last brought up to date are scanned unindexed (10% of the
-# table unindexed: about twice the CPU a search). ``upsert`` refreshes the indexes (LanceDB's
-# ``optimize``: it compacts the small files of the indexer's batches too) once that many rows
-# are behind, at least INDEX_REFRESH_MIN_ROWS so that a small table is not refreshed for every
-# batch.
-INDEX_REFRESH_FRACTION = 0.10
-INDEX_REFRESH_MIN_ROWS = 10_000
-
-
-def indexes_behind(indexed: int, unindexed: int) -> bool:
-    """Whether an index leaves enough rows unindexed to be worth a refresh."""
-    return unindexed >= max(INDEX_REFRESH_MIN_ROWS, INDEX_REFRESH_FRACTION * indexed)
 
 
 def _is_stale_version_error(error: Exception) -> bool:
@@ -247,8 +106,9 @@ class LanceVectorStore:
     schema (``SCHEMA_VERSION``: without the memory's kind and scope) is refused the same way
     (``VectorSchemaOutdated``), and rebuilt the same way.
 
-    The writer keeps BTREE indexes on ``INDEXED_COLUMNS`` (``_maintain_indexes``, after each
-    upsert and purge); readers only use them.
+    The writer keeps BTREE indexes on the columns every search's prefilter starts with
+    (``projections.embeddings.lance_maintenance``, after each upsert and purge); readers only
+    use them.
     """
 
     def __init__(
@@ -317,14 +177,14 @@ class LanceVectorStore:
                     f"entry {entry.id!r} has a vector of {len(entry.vector)} dimensions,"
                     f" the store holds {self.dim}"
                 )
-        rows = _rows(entries, self._schema)
+        rows = entry_rows(entries, self._schema)
 
         def upsert(table: Table) -> None:
             # On the tenant and the id: an id names an entry within its tenant only, so that
             # no tenant's upsert can ever replace another tenant's entry.
             merge = table.merge_insert(list(STORE_KEY))
             merge.when_matched_update_all().when_not_matched_insert_all().execute(rows)
-            _maintain_indexes(table)
+            maintain_indexes(table)
 
         self._run(upsert)
 
@@ -357,7 +217,7 @@ class LanceVectorStore:
     def get(self, tenant_id: str, entry_ids: Sequence[str]) -> list[VectorEntry]:
         if not entry_ids:
             return []
-        where = f"{tenant_filter(tenant_id)} AND {_any_of('id', sorted(set(entry_ids)))}"
+        where = f"{tenant_filter(tenant_id)} AND {any_of('id', sorted(set(entry_ids)))}"
         by_id = {entry.id: entry for entry in self._query(where)}
         return [by_id[entry_id] for entry_id in dict.fromkeys(entry_ids) if entry_id in by_id]
 
@@ -370,7 +230,7 @@ class LanceVectorStore:
         only: MemoryOnly | None = None,
     ) -> list[VectorHit]:
         rows = self._nearest_rows(tenant_id, vector, limit, subject, only, None)
-        hits = [VectorHit(_entry(row), float(row["_distance"])) for row in rows]
+        hits = [VectorHit(entry_of(row), float(row["_distance"])) for row in rows]
         return sorted(hits, key=lambda hit: (hit.distance, hit.entry.id))
 
     def search_candidates(
@@ -530,33 +390,19 @@ class LanceVectorStore:
             return
 
         def scan(table: Table) -> pa.RecordBatchReader:
-            query = table.search().where(where).select(list(_REF_COLUMNS)).limit(None)
+            query = table.search().where(where).select(list(REF_COLUMNS)).limit(None)
             return query.to_batches(batch_size=batch_rows)
 
         try:
-            yield from _ref_batches(self._run(scan), batch_rows)
+            yield from ref_batches(self._run(scan), batch_rows)
         except (ValueError, RuntimeError, OSError) as error:
             if not _is_stale_version_error(error):
                 raise
             self._table = self._db.open_table(self._name)
-            yield from _ref_batches(scan(self._table), batch_rows)
+            yield from ref_batches(scan(self._table), batch_rows)
 
     def purge_history(self) -> None:
-        def purge(table: Table) -> None:
-            _optimize_dropping_history(table)
-            rewritten = _deleted_rows_remain(table)
-            if rewritten:
-                # Compaction leaves a data file alone while few of its rows are deleted: the
-                # removed rows stay on disk, hidden by a deletion file. Rewriting the live rows
-                # (streamed, not loaded whole) and cleaning up again erases them for real.
-                live = table.search().select(_columns(table)).limit(None).to_batches()
-                table.add(live, mode="overwrite")
-            # An overwrite (this rewrite, ``replace_all``'s) leaves the table without indexes;
-            # making them is a version too, which the cleanup drops.
-            if _create_missing_indexes(table) or rewritten:
-                _optimize_dropping_history(table)
-
-        self._run(purge)
+        self._run(purge_history)
 
     def history_versions(self) -> int:
         return self._run(lambda table: len(table.list_versions()) - 1)
@@ -577,13 +423,13 @@ class LanceVectorStore:
             try:
                 old = self._db.open_table(self._name)
                 old.checkout(version)
-                query = old.search().where(where).select(_columns(old)).limit(None)
+                query = old.search().where(where).select(table_columns(old)).limit(None)
                 rows = query.to_arrow()
             except (ValueError, RuntimeError, OSError) as error:
                 if not _is_stale_version_error(error):
                     raise
                 continue  # cleaned up meanwhile: nothing of it is left to read
-            found += [(version, _entry(row)) for row in rows.to_pylist()]
+            found += [(version, entry_of(row)) for row in rows.to_pylist()]
         return found
 
     def count(self) -> int:
@@ -601,15 +447,15 @@ class LanceVectorStore:
     def replace_all(self, entries: Sequence[VectorEntry]) -> None:
         """Make ``entries`` the whole content in one commit, and drop the old versions. The
         commit records this store's model: the table now holds its vectors only."""
-        rows = _rows(entries, self._schema)
+        rows = entry_rows(entries, self._schema)
         self._run(lambda table: table.add(rows, mode="overwrite"))
         self.purge_history()
 
     def _query(self, where: str) -> list[VectorEntry]:
         def query(table: Table) -> pa.Table:
-            return table.search().where(where).select(_columns(table)).limit(None).to_arrow()
+            return table.search().where(where).select(table_columns(table)).limit(None).to_arrow()
 
-        return [_entry(row) for row in self._run(query).to_pylist()]
+        return [entry_of(row) for row in self._run(query).to_pylist()]
 
     def _run(self, operation: Callable[[Table], _T]) -> _T:
         try:
@@ -640,135 +486,6 @@ def _may_hold(texts: pa.Array, wanted: Sequence[str]) -> pa.Array:
     return found
 
 
-def _columns(table: Table) -> list[str]:
-    """The entry's columns the table has: all of them but in a table of version 1."""
-    present = set(table.schema.names)
-    return [column for column in _COLUMNS if column in present or column not in _ADDED_COLUMNS]
-
-
-def _create_missing_indexes(table: Table) -> bool:
-    """Creates the scalar indexes a table lacks (a new table, or one just overwritten); whether
-    it had to. Only the writer calls it (the indexer's upserts and the purge, under the
-    embeddings writes' lock): a reader never writes a table version."""
-    present = {config.columns[0] for config in table.list_indices() if len(config.columns) == 1}
-    missing = [column for column in INDEXED_COLUMNS if column not in present]
-    for column in missing:
-        table.create_index(column, config=BTree(), replace=True)
-    return bool(missing)
-
-
-def _maintain_indexes(table: Table) -> None:
-    """Creates the scalar indexes a table lacks, and brings them up to date once too many rows
-    are unindexed (``indexes_behind``)."""
-    if _create_missing_indexes(table):
-        return  # made just now, of every row
-    for column in INDEXED_COLUMNS:
-        stats = table.index_stats(f"{column}_idx")
-        if stats is not None and indexes_behind(stats.num_indexed_rows, stats.num_unindexed_rows):
-            # Compaction and the indexes' update; old versions stay (the purge drops them).
-            table.optimize()
-            return
-
-
-def _optimize_dropping_history(table: Table) -> None:
-    with warnings.catch_warnings():
-        # LanceDB warns that other readers of old versions will fail. It is expected: this
-        # process is the only writer, and readers reopen the table when that happens. No
-        # parameter or warning class of LanceDB's tells this warning apart (the other
-        # cleanup, ``cleanup_old_versions``, needs pylance, which lancedb 0.40 no longer
-        # installs), so the filter matches lancedb 0.40's wording (pinned in
-        # ops/constraints.txt); tests/projections/test_lance_store.py's
-        # ``test_purging_the_history_warns_nothing`` fails when it changes.
-        warnings.filterwarnings(
-            "ignore", message=r"optimize\(cleanup_older_than=0\)", category=UserWarning
-        )
-        # With scalar indexes, optimize commits their update after its cleanup: that one
-        # version stays until a second optimize, with nothing left to compact or index.
-        for _ in range(OPTIMIZE_ROUNDS):
-            table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
-            if len(table.list_versions()) == 1:
-                return
-
-
-OPTIMIZE_ROUNDS = 3
-
-
-def _deleted_rows_remain(table: Table) -> bool:
-    """Whether the latest version hides deleted rows that are still in its data files.
-
-    Lance records it in a version's metadata (``list_versions``, public) as the statistic
-    ``total_deletion_file_rows``, which LanceDB does not document: ``Table.stats()`` counts
-    rows after deletions and gives per-fragment lengths only as percentiles, and pylance's
-    ``dataset_stats`` is not installed with lancedb 0.40 (pinned in ops/constraints.txt).
-    tests/projections/test_lance_store.py's
-    ``test_lancedb_records_the_deleted_rows_a_purge_rewrites`` fails when it changes."""
-    latest = max(table.list_versions(), key=lambda version: int(version["version"]))
-    metadata = latest.get("metadata", {})
-    # Without the statistic, assume the worst: a needless rewrite is only slower.
-    return str(metadata.get("total_deletion_file_rows", "unknown")) != "0"
-
-
-# What names an entry in the table: its id within its tenant.
-STORE_KEY = ("tenant_id", "id")
-
-
-def _rows(entries: Sequence[VectorEntry], schema: pa.Schema) -> pa.Table:
-    """The entries as rows, only the last of several with one tenant and id: LanceDB's
-    merge_insert inserts every copy of a new key and refuses two copies of a stored one."""
-    latest = {(entry.tenant_id, entry.id): entry for entry in entries}
-    return pa.Table.from_pylist([_row(entry) for entry in latest.values()], schema=schema)
-
-
-def _row(entry: VectorEntry) -> dict[str, Any]:
-    if entry.occurred_at.tzinfo is None:
-        raise ValueError(f"entry {entry.id!r} has a naive occurred_at; it must be UTC-aware")
-    if entry.kind == "memory" and (entry.memory_kind is None or entry.scope is None):
-        # It would be out of every search confined by kind or scope, with no word said.
-        raise ValueError(f"memory entry {entry.id!r} has no kind or scope")
-    return {
-        "id": entry.id,
-        "kind": entry.kind,
-        "tenant_id": entry.tenant_id,
-        "subject_type": entry.subject_type,
-        "subject_id": entry.subject_id,
-        "memory_id": entry.memory_id,
-        "conversation_id": entry.conversation_id,
-        "message_id": entry.message_id,
-        "source_type": entry.source_type,
-        "source_ref": entry.source_ref,
-        "text": entry.text,
-        "version": entry.version,
-        "occurred_at": entry.occurred_at.astimezone(UTC),
-        "vector": list(entry.vector),
-        "memory_kind": entry.memory_kind,
-        "scope": entry.scope,
-    }
-
-
-def _entry(row: Mapping[str, Any]) -> VectorEntry:
-    # pyarrow returns zoneinfo's UTC; stored_entry gives datetime.UTC like the rest of memproj.
-    return stored_entry(row, tuple(row["vector"]))
-
-
-def _ref_batches(reader: pa.RecordBatchReader, rows: int) -> Iterator[list[EntryRef]]:
-    for batch in reader:
-        for offset in range(0, batch.num_rows, rows):
-            yield [_ref(row) for row in batch.slice(offset, rows).to_pylist()]
-
-
-def _ref(row: Mapping[str, Any]) -> EntryRef:
-    return EntryRef(
-        id=row["id"],
-        kind=stored_kind(row["id"], row["kind"]),
-        tenant_id=row["tenant_id"],
-        subject_type=row["subject_type"],
-        subject_id=row["subject_id"],
-        memory_id=row["memory_id"],
-        conversation_id=row["conversation_id"],
-        occurred_at=row["occurred_at"].astimezone(UTC),
-    )
-
-
 class _Ranking(NearestIds):
     """``NearestIds`` fed with the table's record batches."""
 
@@ -778,59 +495,3 @@ class _Ranking(NearestIds):
         dim = self._queries.shape[1]
         vectors = batch.column("vector").flatten().to_numpy().reshape(-1, dim)
         self.add(batch.column("id").to_pylist(), vectors)
-
-
-def table_model(path: Path, table: str = "embeddings") -> str:
-    """The embedder whose vectors the table holds (it is opened, or created, first)."""
-    return stored_model(lancedb.connect(path).open_table(table).schema)
-
-
-def table_schema_version(path: Path, table: str = "embeddings") -> int:
-    """The version of the table's columns (``SCHEMA_VERSION`` for a table made now)."""
-    return stored_schema_version(lancedb.connect(path).open_table(table).schema)
-
-
-def drop_table(path: Path, table: str) -> None:
-    with contextlib.suppress(ValueError):  # missing: a rebuild of nothing never created it
-        lancedb.connect(path).drop_table(table)
-
-
-def replay_tables(path: Path) -> dict[str, datetime]:
-    """The rebuild tables still in the store (a rebuild that was killed leaves its own), with
-    when each was created."""
-    database = lancedb.connect(path)
-    found: dict[str, datetime] = {}
-    token: str | None = None
-    while True:
-        page = database.list_tables(page_token=token)
-        for name in page.tables:
-            if name.startswith(REPLAY_PREFIX):
-                stamp = name.removeprefix(REPLAY_PREFIX).split("_", 1)[0]
-                with contextlib.suppress(ValueError):
-                    found[name] = datetime.strptime(stamp, "%Y%m%d%H%M%S").replace(tzinfo=UTC)
-        token = page.page_token
-        if not token:
-            return found
-
-
-class LanceShadows:
-    """The rebuild tables beside the live store: an erasure reaches them too, and they are
-    dropped once older than the rebuild grace period (``projections.stores.embeddings``)."""
-
-    def __init__(self, path: Path, dim: int, *, model: str) -> None:
-        self._path = path
-        self._dim = dim
-        self._model = model
-
-    def tables(self) -> dict[str, datetime]:
-        return replay_tables(self._path) if self._path.exists() else {}
-
-    def open(self, name: str) -> LanceVectorStore:
-        # Adopted: a rebuild table of another model is still erased from, and dropped in time.
-        return LanceVectorStore(self._path, self._dim, table=name, model=self._model, adopt=True)
-
-    def drop(self, name: str) -> None:
-        drop_table(self._path, name)
-
-    def recorded(self, name: str = "embeddings") -> tuple[str, int]:
-        return table_model(self._path, name), table_schema_version(self._path, name)

@@ -55,6 +55,7 @@ from projections.embeddings.vectors import (
     VectorStoreMissing,
     stored_entry,
     stored_kind,
+    stored_ref,
 )
 
 Pool = ConnectionPool[psycopg.Connection[tuple[Any, ...]]]
@@ -548,17 +549,7 @@ class PostgresVectorStore:
 
 
 def _ref(row: Sequence[Any]) -> EntryRef:
-    values = dict(zip(_REF_COLUMNS, row, strict=True))
-    return EntryRef(
-        id=values["id"],
-        kind=stored_kind(values["id"], values["kind"]),
-        tenant_id=values["tenant_id"],
-        subject_type=values["subject_type"],
-        subject_id=values["subject_id"],
-        memory_id=values["memory_id"],
-        conversation_id=values["conversation_id"],
-        occurred_at=values["occurred_at"].astimezone(UTC),
-    )
+    return stored_ref(dict(zip(_REF_COLUMNS, row, strict=True)))
 
 
 # -- collections ------------------------------------------------------------------------------

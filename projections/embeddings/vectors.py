@@ -134,6 +134,21 @@ class EntryRef:
     occurred_at: datetime  # timezone-aware, UTC
 
 
+def stored_ref(row: Mapping[str, Any]) -> EntryRef:
+    """The reference a store's row holds (its columns by name), as ``stored_entry`` reads
+    an entry."""
+    return EntryRef(
+        id=row["id"],
+        kind=stored_kind(row["id"], row["kind"]),
+        tenant_id=row["tenant_id"],
+        subject_type=row["subject_type"],
+        subject_id=row["subject_id"],
+        memory_id=row["memory_id"],
+        conversation_id=row["conversation_id"],
+        occurred_at=row["occurred_at"].astimezone(UTC),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class VectorHit:
     entry: VectorEntry

@@ -38,7 +38,8 @@ from projections.memory.evolve import (
     evolve,
     refuse,
 )
-from projections.redaction import Redactions, redact_personal
+from projections.redaction import Redactions
+from projections.redaction_values import redact_personal
 from projections.stores import STORES
 from topics.memory import (
     MemoryCorrected,

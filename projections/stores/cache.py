@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from projections.bookkeeping import Conn
-from projections.cache.store import Holdings, RecallCache
+from projections.cache.entries import Holdings
+from projections.cache.port import RecallCache
 from projections.deletion.derived import subject_of
 from projections.deletion.erasure import ErasureIndex
 from projections.stores.base import DerivedStore, Erased, StoreResources

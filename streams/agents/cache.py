@@ -16,7 +16,8 @@ from functools import partial
 
 from pydantic import ValidationError
 
-from projections.cache.store import Holdings, RecallCache
+from projections.cache.entries import Holdings
+from projections.cache.port import RecallCache
 from projections.deadletters.sealing import Position
 from streams.failures import FailureKind, classify, loggable
 from streams.isolation import Isolation, position, raise_refused, stage

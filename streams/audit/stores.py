@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from projections.cache.store import RedisClient, build_key, glob_literal
+from projections.cache.keys import build_key, glob_literal
+from projections.cache.store import RedisClient
 from streams.audit.plaintext import Hit, Matcher, PlaceKind, Report
 
 CHUNK = 1 << 20

@@ -22,17 +22,10 @@ from streams.cli.common import echo_json, settings_of, talks_to_kafka
 from streams.kafka import admin_config
 from streams.lag import LagCollector
 from streams.metrics import Metrics
-from streams.replay import Progress as ReplayProgress
-from streams.replay import (
-    ReplayStopped,
-    Start,
-    SwapMode,
-    group_members,
-    positions,
-    reader,
-    replay_embeddings,
-    replay_projection,
-)
+from streams.replay import ReplayStopped, SwapMode, replay_projection
+from streams.replay_embeddings import group_members, replay_embeddings
+from streams.replay_reading import Progress as ReplayProgress
+from streams.replay_reading import Start, positions, reader
 from streams.runtime import tune_garbage_collection
 from streams.settings import Settings
 from streams.worker import WORKER_KINDS, conversation_projection, memory_projection

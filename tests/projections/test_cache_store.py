@@ -16,18 +16,10 @@ import pytest
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
-from projections.cache.store import (
-    UNREADABLE,
-    Holdings,
-    RecallCache,
-    RedisCache,
-    RedisClient,
-    TenantKeys,
-    build_key,
-    connect,
-    glob_literal,
-    hash_tag,
-)
+from projections.cache.entries import UNREADABLE, Holdings
+from projections.cache.keys import TenantKeys, build_key, glob_literal, hash_tag
+from projections.cache.port import RecallCache
+from projections.cache.store import RedisCache, RedisClient, connect
 from streams.settings import Settings
 from support.contracts.cache import ALICE, CAROL, CacheContract, Harness, Runner, memory
 from support.fakes.cache import InMemoryCache

@@ -16,7 +16,9 @@ import psycopg
 import pytest
 
 from projections.bookkeeping import Conn
-from projections.cache.store import RecallCache, RedisCache, connect, holdings_of
+from projections.cache.entries import holdings_of
+from projections.cache.port import RecallCache
+from projections.cache.store import RedisCache, connect
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer

@@ -12,21 +12,23 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from projections.embeddings import lance
+from projections.embeddings import lance_maintenance
 from projections.embeddings.embedder import WORDLLAMA_NAME
 from projections.embeddings.factory import build_embedder
-from projections.embeddings.lance import (
-    DIM_KEY,
+from projections.embeddings.lance import LanceVectorStore
+from projections.embeddings.lance_filters import match_filter, sql_string, tenant_filter
+from projections.embeddings.lance_maintenance import (
     INDEXED_COLUMNS,
-    MODEL_KEY,
-    LanceVectorStore,
+    deleted_rows_remain,
     indexes_behind,
-    lance_schema,
-    match_filter,
-    sql_string,
-    stored_schema_version,
-    table_model,
 )
+from projections.embeddings.lance_schema import (
+    DIM_KEY,
+    MODEL_KEY,
+    lance_schema,
+    stored_schema_version,
+)
+from projections.embeddings.lance_tables import table_model
 from projections.embeddings.vectors import (
     SCHEMA_VERSION,
     EmbedderMismatch,
@@ -46,8 +48,8 @@ integration = pytest.mark.integration
 
 
 def test_indexes_are_refreshed_past_a_tenth_of_the_table_and_a_floor() -> None:
-    assert not indexes_behind(0, lance.INDEX_REFRESH_MIN_ROWS - 1)
-    assert indexes_behind(0, lance.INDEX_REFRESH_MIN_ROWS)
+    assert not indexes_behind(0, lance_maintenance.INDEX_REFRESH_MIN_ROWS - 1)
+    assert indexes_behind(0, lance_maintenance.INDEX_REFRESH_MIN_ROWS)
     assert not indexes_behind(1_000_000, 99_999)
     assert indexes_behind(1_000_000, 100_000)
 
@@ -208,7 +210,7 @@ def test_the_indexes_are_made_by_the_first_write_and_kept_through_overwrites(
     assert set(_unindexed(store)) == set(INDEXED_COLUMNS)
     # The prefilter of a search uses them.
     (query,) = EMBEDDER.embed(["likes tea"])
-    where = lance.tenant_filter("tenant-a", ("user", "u1"))
+    where = tenant_filter("tenant-a", ("user", "u1"))
     plan = store.table.search(query).where(where, prefilter=True).limit(3).explain_plan(True)
     assert "ScalarIndexQuery" in plan and "subject_id_idx" in plan, plan
     store.remove(Match("tenant-a", memory_ids=("m1",)))
@@ -222,7 +224,7 @@ def test_the_indexes_are_made_by_the_first_write_and_kept_through_overwrites(
 def test_the_indexes_are_refreshed_once_enough_rows_are_behind(
     store: LanceVectorStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lance, "INDEX_REFRESH_MIN_ROWS", 10)
+    monkeypatch.setattr(lance_maintenance, "INDEX_REFRESH_MIN_ROWS", 10)
     store.upsert([memory(f"m{n}", f"memory {n}") for n in range(4)])  # made, of these 4
     assert _unindexed(store) == {column: 0 for column in INDEXED_COLUMNS}
     store.upsert([memory(f"m{n}", f"memory {n}") for n in range(4, 9)])
@@ -304,11 +306,11 @@ def test_lancedb_records_the_deleted_rows_a_purge_rewrites(tmp_path: Path) -> No
     renaming it), every purge would rewrite the whole table, unnoticed but for this."""
     store = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
     store.upsert([memory(f"m{i}", f"memory {i}") for i in range(20)])
-    assert not lance._deleted_rows_remain(store.table)
+    assert not deleted_rows_remain(store.table)
     store.remove(Match("tenant-a", memory_ids=("m0",)))
-    assert lance._deleted_rows_remain(store.table)
+    assert deleted_rows_remain(store.table)
     store.purge_history()
-    assert not lance._deleted_rows_remain(store.table)
+    assert not deleted_rows_remain(store.table)
 
 
 @integration

@@ -11,14 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from projections.redaction import (
-    KINDS,
-    field_kind,
-    mask,
-    redact_personal,
-    redact_text,
-    redact_value,
-)
+from projections.redaction import KINDS, mask, redact_text
+from projections.redaction_values import field_kind, redact_personal, redact_value
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from support.new_event_type import annotated, schemas_with_annotations

@@ -56,7 +56,7 @@ class TestLanceVectorStore(VectorStoreContract):
 
     @pytest.fixture
     def shadows(self, store: VectorStore, tmp_path: Path) -> RebuildTables:
-        from projections.embeddings.lance import LanceShadows
+        from projections.embeddings.lance_tables import LanceShadows
 
         class LanceRebuilds(LanceShadows):
             def create(self, created: datetime) -> VectorStore:

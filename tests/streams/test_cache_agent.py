@@ -15,14 +15,9 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from projections.cache.store import (
-    Holdings,
-    RedisCache,
-    RedisClient,
-    TenantKeys,
-    connect,
-    glob_literal,
-)
+from projections.cache.entries import Holdings
+from projections.cache.keys import TenantKeys, glob_literal
+from projections.cache.store import RedisCache, RedisClient, connect
 from streams.agents.cache import CacheFreshness
 from streams.settings import Settings
 from support.fakes import Publisher, Source, Stops, loop_for

@@ -15,7 +15,7 @@ from projections.embeddings.vectors import EmbedderMismatch, Match
 from projections.memory.store import RecallQuery
 from streams import reads
 from streams.cli import cli
-from streams.replay import replay_embeddings
+from streams.replay_embeddings import replay_embeddings
 from streams.sample import EventFactory
 from streams.services import open_vector_store, open_vector_tables
 from streams.settings import Settings

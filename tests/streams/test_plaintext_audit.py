@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from redis import Redis
 from redis.asyncio import RedisCluster
 
-from projections.cache.store import TenantKeys
+from projections.cache.keys import TenantKeys
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.lance import LanceVectorStore
 from projections.embeddings.vectors import VectorEntry

@@ -15,7 +15,8 @@ from projections import rebuilds
 from projections import shadow as shadows
 from projections.memory import store as memory_store
 from streams.rebuild import MemoryRebuild
-from streams.replay import ReplayStopped, positions, read, reader, replay_projection
+from streams.replay import ReplayStopped, replay_projection
+from streams.replay_reading import positions, read, reader
 from streams.sample import EventFactory, sample_memory_stream, to_message
 from streams.worker import memory_projection
 from topics.registry import DELETION_REQUESTS, MEMORY_EVENTS, MEMORY_SEALED

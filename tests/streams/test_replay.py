@@ -24,7 +24,8 @@ from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from streams.cli import cli
 from streams.metrics import Metrics
-from streams.replay import ReplayStopped, replay_embeddings, replay_projection
+from streams.replay import ReplayStopped, replay_projection
+from streams.replay_embeddings import replay_embeddings
 from streams.sample import (
     EventFactory,
     sample_conversation_stream,

@@ -17,7 +17,7 @@ from projections.embeddings.vectors import Match, VectorStore, message_entry_id
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore
-from streams.replay import replay_embeddings
+from streams.replay_embeddings import replay_embeddings
 from streams.sample import EventFactory
 from support.embedders import embedder_of, vectors_of
 from topics.registry import CONVERSATION_EVENTS, CONVERSATION_MESSAGES, DELETION_REQUESTS

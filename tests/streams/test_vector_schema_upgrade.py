@@ -11,14 +11,12 @@ from typing import Any
 import lancedb
 import pytest
 
-from projections.embeddings.lance import (
-    SCHEMA_VERSION_KEY,
-    table_schema_version,
-)
+from projections.embeddings.lance_schema import SCHEMA_VERSION_KEY
+from projections.embeddings.lance_tables import table_schema_version
 from projections.embeddings.vectors import SCHEMA_VERSION, Match, VectorSchemaOutdated
 from projections.memory.store import RecallQuery
 from streams import reads
-from streams.replay import replay_embeddings
+from streams.replay_embeddings import replay_embeddings
 from streams.sample import EventFactory
 from streams.services import open_vector_store
 from streams.settings import Settings

@@ -1,4 +1,4 @@
-"""The cache's contract (``projections.cache.store.RecallCache``): entries put and got per
+"""The cache's contract (``projections.cache.port.RecallCache``): entries put and got per
 tenant, invalidated by subject, memory and conversation through their indexes, checked with
 (``reachable``) and without (``indexed_each``) a walk of the tenant's keys, in batches counted
 per erasure; and the cache derived store's ``erase_many`` on it.
@@ -17,7 +17,9 @@ from typing import Any, Protocol, TypeVar
 import orjson
 import pytest
 
-from projections.cache.store import Holdings, RecallCache, TenantKeys
+from projections.cache.entries import Holdings
+from projections.cache.keys import TenantKeys
+from projections.cache.port import RecallCache
 from projections.stores.cache import CacheStore
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import orjson
 
-from projections.cache.store import (
+from projections.cache.entries import (
     UNREADABLE,
     Holdings,
     Subject,
-    TenantKeys,
     context_entry,
     decode_entry,
     holdings_of,
     recall_entry,
 )
+from projections.cache.keys import TenantKeys
 
 
 class InMemoryCache:
