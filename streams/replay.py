@@ -56,7 +56,13 @@ from psycopg.conninfo import make_conninfo
 
 from projections import rebuilds
 from projections import shadow as shadows
-from projections.bookkeeping import Conn, OutboxMessage, lock_offsets, pending_outbox
+from projections.bookkeeping import (
+    Conn,
+    OutboxMessage,
+    PostgresTracking,
+    lock_offsets,
+    pending_outbox,
+)
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import audit as ghost_audit
@@ -313,7 +319,14 @@ async def replay_projection(
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
-        runner = ProjectionRunner(projection, pool, DiscardingPublisher(), settings.topics, metrics)
+        runner = ProjectionRunner(
+            projection,
+            pool,
+            DiscardingPublisher(),
+            settings.topics,
+            metrics,
+            tracking=PostgresTracking(settings.key_lookups),
+        )
         # A rebuild dead-letters nothing (DiscardingPublisher stops it instead), and a
         # systemic fault stops it like a live worker.
         isolation = Isolation(
@@ -606,7 +619,7 @@ async def replay_embeddings(
         pool, shadow, build_embedder(settings), DiscardingPublisher(),
         settings.topics, metrics, asyncio.Lock(),
         # The records of conversation.messages are sealed: the erased ones stay shut.
-        KeyStore(settings.worker_master_keys()),
+        KeyStore(settings.worker_master_keys(), settings.key_lookups),
     )  # fmt: skip
     isolation = Isolation(
         CircuitBreaker("replay embeddings"), metrics, _unpublished_letters(settings)
