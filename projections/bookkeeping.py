@@ -145,27 +145,13 @@ class KeyLookups:
         params: Mapping[str, Any] | None = None,
         row_factory: AsyncRowFactory[Any] | None = None,
     ) -> list[Any]:
-        """The rows of ``statement`` for ``keys``: those of every tenant's statement."""
+        """The rows of ``statement`` for ``keys``: those of every tenant's statement (one that
+        changes rows says ``RETURNING``)."""
         rows: list[Any] = []
         for cursor in await self._run(conn, statement, columns, keys, params, row_factory):
             rows.extend(await cursor.fetchall())
             await cursor.close()
         return rows
-
-    async def execute(
-        self,
-        conn: Conn,
-        statement: str,
-        columns: Sequence[str],
-        keys: Iterable[Sequence[str]],
-        params: Mapping[str, Any] | None = None,
-    ) -> int:
-        """Run ``statement`` (one without rows) for ``keys``; the rows it changed."""
-        changed = 0
-        for cursor in await self._run(conn, statement, columns, keys, params, None):
-            changed += max(cursor.rowcount, 0)
-            await cursor.close()
-        return changed
 
     async def _run(
         self,

@@ -38,19 +38,24 @@ from typing import Any
 import psycopg
 
 # ops/bench/*.py, beside this script
-from cpu_time import POSTGRES_BACKENDS, StackProcesses, total
-from environment import Environment, application_prefix, drop, isolated, prepare
+from cpu_time import POSTGRES_BACKENDS, StackProcesses
+from environment import (
+    Environment,
+    counted_stack,
+    prepare,
+    stack_settings,
+)
 from phases import Phases
-from pipeline import from_backlog
+from pipeline import MEMORY_WORKERS, from_backlog
+from sides import alternating_rounds, side_means, side_ratios
 
 from streams.sample import sample_memory_stream
-from streams.settings import DevelopmentKeyRefused, Settings
+from streams.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "ops" / "bench" / "results"
 OFF = "off: one statement"
 ON = "on: per tenant"
-WORKER = "memory worker(s)"  # pipeline.Workers.pids names the memory workers so
 Message = tuple[bytes | None, bytes | None]
 
 
@@ -71,9 +76,10 @@ def measure_round(
     base: Settings,
     environment: Environment,
     side: str,
+    log_path: Path,
+    *,
     messages: list[Message],
     stack: StackProcesses,
-    log_path: Path,
 ) -> dict[str, Any]:
     prepare(base, environment)
     settings = environment.settings.model_copy(update={"lookups_per_tenant": side == ON})
@@ -88,49 +94,20 @@ def measure_round(
     }
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _ratio(of: float, to: float) -> float | None:
-    return round(of / to, 3) if to else None
-
-
 def summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Each side's mean rate and CPU per event over its rounds, the ratios on/off, and
     whether every round made the same projection."""
-    sides: dict[str, dict[str, Any]] = {}
-    for side in (OFF, ON):
-        mine = [r for r in rounds if r["side"] == side]
-        if not mine:
-            continue
-        cpu = [r["cpu_us_per_event"] for r in mine]
-        names = sorted({name for spent in cpu for name in spent})
-        mean_cpu = {n: round(_mean([spent.get(n, 0.0) for spent in cpu]), 1) for n in names}
-        sides[side] = {
-            "rounds": len(mine),
-            "events_per_s": round(_mean([r["events_per_s"] for r in mine]), 1),
-            "events_per_s_each": [r["events_per_s"] for r in mine],
-            "cpu_us_per_event": mean_cpu,
-            "cpu_total_us_per_event": total(mean_cpu),
-        }
+    sides = {
+        side: side_means(mine)
+        for side in (OFF, ON)
+        if (mine := [r for r in rounds if r["side"] == side])
+    }
     result: dict[str, Any] = {
         "sides": sides,
         "same_projection": len({r["checksum"] for r in rounds}) == 1,
     }
     if OFF in sides and ON in sides:
-        a, b = sides[OFF], sides[ON]
-        result["on_over_off"] = {
-            "events_per_s": _ratio(b["events_per_s"], a["events_per_s"]),
-            "cpu_worker": _ratio(
-                b["cpu_us_per_event"].get(WORKER, 0.0), a["cpu_us_per_event"].get(WORKER, 0.0)
-            ),
-            "cpu_postgres_backends": _ratio(
-                b["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
-                a["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
-            ),
-            "cpu_total": _ratio(b["cpu_total_us_per_event"], a["cpu_total_us_per_event"]),
-        }
+        result["on_over_off"] = side_ratios(sides[OFF], sides[ON], MEMORY_WORKERS)
     return result
 
 
@@ -170,7 +147,7 @@ def table(by_tenants: Mapping[int, Mapping[str, Any]]) -> list[str]:
                     f"{fmt(off['events_per_s'])} ({', '.join(map(fmt, off['events_per_s_each']))})",
                     f"{fmt(on['events_per_s'])} ({', '.join(map(fmt, on['events_per_s_each']))})",
                     fmt(ratios.get("events_per_s"), ".2f"),
-                    cpu(WORKER),
+                    cpu(MEMORY_WORKERS),
                     cpu(POSTGRES_BACKENDS),
                     f"{fmt(off['cpu_total_us_per_event'])} → {fmt(on['cpu_total_us_per_event'])}",
                     fmt(ratios.get("cpu_total"), ".2f"),
@@ -188,40 +165,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="rounds of each side, alternating")
     parser.add_argument("--tenants", default="1,10,100", help="tenant counts, comma-separated")
     args = parser.parse_args()
-    base = Settings()
-    try:
-        base.worker_master_keys()
-    except DevelopmentKeyRefused as refused:
-        sys.exit(f'{refused}; the local stack\'s environment: eval "$(ops/stack env)"')
+    base = stack_settings()
     run = uuid.uuid4().hex[:8]
-    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
-    if stack.missing:
-        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
+    stack = counted_stack(base, run)
     RESULTS.mkdir(parents=True, exist_ok=True)
     phases = Phases()
     by_tenants: dict[int, dict[str, Any]] = {}
     for tenants in (int(count) for count in args.tenants.split(",")):
         stream = sample_memory_stream(args.memories, tenants, seed=5)
         messages: list[Message] = [(m.key, m.value) for m in stream]
-        rounds: list[dict[str, Any]] = []
-        for number, side in enumerate([OFF, ON] * args.pairs, 1):
-            part = f"t{tenants}{'b' if side == ON else 'a'}{number}"
-            environment = isolated(base, run, part)
-            log_path = RESULTS / f"worker-{run}-lookups-{part}"
-            try:
-                found = phases.run(
-                    f"{tenants} tenants, round {number} ({side})",
-                    partial(measure_round, base, environment, side, messages, stack, log_path),
-                )
-            finally:
-                drop(base, [environment], [])
-            if found is not None:
-                rounds.append(found)
-                print(
-                    f"{tenants} tenants, round {number} ({side}):"
-                    f" {found['events_per_s']:,.0f} events/s",
-                    flush=True,
-                )
+        measure = partial(measure_round, base, messages=messages, stack=stack)
+        rounds = alternating_rounds(
+            base, run, phases, (OFF, ON), args.pairs, RESULTS, measure, f"t{tenants}"
+        )
         by_tenants[tenants] = {"events": len(messages), "rounds": rounds, **summary(rounds)}
     result = {
         "memories_per_round": args.memories,

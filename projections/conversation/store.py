@@ -210,11 +210,11 @@ async def rebuild_context(
             " AND conversation_id = %s AND context_turn IS NOT NULL",
             (tenant_id, conversation_id),
         )
-    await lookups.execute(
+    await lookups.fetch(
         conn,
         "UPDATE conversation_messages m SET context_turn = k.turn::integer FROM {keys}"
-        " WHERE m.tenant_id = {tenant}"
-        " AND m.conversation_id = k.conversation_id AND m.message_id = k.message_id",
+        " WHERE m.tenant_id = {tenant} AND m.conversation_id = k.conversation_id"
+        " AND m.message_id = k.message_id RETURNING m.message_id",
         ("tenant_id", "conversation_id", "message_id", "turn"),
         marks,
     )

@@ -192,23 +192,23 @@ async def shred(
     if not wanted:
         return 0
     columns = ("tenant_id", "entity_type", "entity_id")
-    shredded = await lookups.execute(
+    shredded = await lookups.fetch(
         conn,
         "DELETE FROM entity_keys e USING {keys} WHERE e.tenant_id = {tenant}"
-        " AND e.entity_type = k.entity_type AND e.entity_id = k.entity_id",
+        " AND e.entity_type = k.entity_type AND e.entity_id = k.entity_id RETURNING e.entity_id",
         columns,
         wanted,
     )
-    await lookups.execute(
+    await lookups.fetch(
         conn,
         "INSERT INTO shredded_keys (tenant_id, entity_type, entity_id, deletion_id)"
         " SELECT tenant_id, entity_type, entity_id, %(deletion)s FROM {keys}"
-        " ON CONFLICT DO NOTHING",
+        " ON CONFLICT DO NOTHING RETURNING entity_id",
         columns,
         wanted,
         {"deletion": deletion_id},
     )
-    return shredded
+    return len(shredded)
 
 
 async def erase(conn: Conn, scope: ErasureScope) -> None:

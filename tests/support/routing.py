@@ -44,7 +44,7 @@ class Verdict:
     problems: list[str]
     cross_tenant: str | None = None
     # Distributed tables looked up for a batch's keys of several tenants at once: Citus runs
-    # such a statement on every shard (projections.distribution, "Batches").
+    # such a statement on every shard (ops/decisions/citus.md, "Batches").
     batch: list[str] = field(default_factory=list)
 
     @property
