@@ -54,6 +54,7 @@ class ConversationProjection:
         self._observer = observer
         self._messages_topic = topics.name(CONVERSATION_MESSAGES)
         self._keys = keys
+        # How every store looks up a batch's keys: as the key store, built with the setting.
         self._lookups = keys.lookups
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:

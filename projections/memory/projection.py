@@ -52,7 +52,7 @@ class PolicyCache:
     """Admission policies by (tenant, version): immutable once stored, so kept once read."""
 
     def __init__(self, lookups: KeyLookups, limit: int = 10_000) -> None:
-        self.lookups = lookups
+        self._lookups = lookups
         self._known: dict[PolicyKey, Policy] = {}
         self._limit = limit
 
@@ -66,7 +66,7 @@ class PolicyCache:
         if missing:
             if len(self._known) > self._limit:
                 self._known.clear()
-            self._known.update(await admission_store.load_policies(conn, missing, self.lookups))
+            self._known.update(await admission_store.load_policies(conn, missing, self._lookups))
         return {key: self._known[key] for key in wanted if key in self._known}
 
 
@@ -96,6 +96,7 @@ class MemoryProjection:
         self._stores = stores
         self._policies = PolicyCache(keys.lookups)
         self._admissions = admissions
+        # How every store looks up a batch's keys: as the key store, built with the setting.
         self.lookups = keys.lookups
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
