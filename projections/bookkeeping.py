@@ -16,10 +16,11 @@ from typing import Any, Protocol
 
 import orjson
 import psycopg
-from psycopg import AsyncConnection, errors, postgres
+from psycopg import AsyncConnection, AsyncCursor, errors, postgres
 from psycopg.abc import AdaptContext
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+from psycopg.rows import AsyncRowFactory
 
 from projections.deletion.erasure import ErasureScope
 from projections.idempotency import EventKey, ProcessedEvent
@@ -115,33 +116,128 @@ async def save_offsets(conn: Conn, projection: str, next_offsets: Mapping[Positi
     )
 
 
-def keyset(*columns: str) -> str:
-    """A relation ``k`` of text keys with these columns, to join ``USING`` them; bind
-    ``keyset_param(keys)`` to its one ``%s``.
+# The tenant column of every key a lookup takes: its first.
+TENANT_COLUMN = "tenant_id"
 
-    One JSON parameter rather than an array per column: psycopg dumps list parameters at
-    about 0.5 us an element, orjson at 0.01, and the server reads both as fast. Batches look
-    up one or more keys per event, so this is per-event cost.
+
+@dataclass(frozen=True, slots=True)
+class KeyLookups:
+    """How a batch's keys are looked up: one statement for all its tenants (plain PostgreSQL:
+    one round trip), or one statement per tenant, pipelined (``per_tenant``: each statement
+    says ``tenant_id = <its tenant>``, so that Citus runs it on that tenant's shard alone;
+    ops/decisions/citus.md, "Batches").
+
+    A lookup's statement is written once, for both: ``{keys}`` stands for the relation ``k``
+    of the keys, with the given columns (``tenant_id`` first), and ``{tenant}`` for the
+    tenant of ``k``'s rows, to compare a table's ``tenant_id`` with; its own parameters are
+    named (``%(name)s``; ``keys`` and ``tenant`` are taken). Keys of one tenant make one
+    statement of that tenant in either mode.
     """
+
+    per_tenant: bool = False
+
+    async def fetch(
+        self,
+        conn: Conn,
+        statement: str,
+        columns: Sequence[str],
+        keys: Iterable[Sequence[str]],
+        params: Mapping[str, Any] | None = None,
+        row_factory: AsyncRowFactory[Any] | None = None,
+    ) -> list[Any]:
+        """The rows of ``statement`` for ``keys``: those of every tenant's statement (one that
+        changes rows says ``RETURNING``)."""
+        rows: list[Any] = []
+        for cursor in await self._run(conn, statement, columns, keys, params, row_factory):
+            rows.extend(await cursor.fetchall())
+            await cursor.close()
+        return rows
+
+    async def _run(
+        self,
+        conn: Conn,
+        statement: str,
+        columns: Sequence[str],
+        keys: Iterable[Sequence[str]],
+        params: Mapping[str, Any] | None,
+        row_factory: AsyncRowFactory[Any] | None,
+    ) -> list[AsyncCursor[Any]]:
+        if columns[0] != TENANT_COLUMN:
+            raise ValueError(f"a lookup's keys start with {TENANT_COLUMN}, not {columns[0]}")
+        by_tenant: dict[str, list[Sequence[str]]] = {}
+        for key in sorted(set(map(tuple, keys))):
+            by_tenant.setdefault(key[0], []).append(key[1:])
+        if not by_tenant:
+            return []
+        own = dict(params or {})
+        if len(by_tenant) > 1 and not self.per_tenant:
+            batch = _render(statement, _batch_keys(columns), f"k.{TENANT_COLUMN}")
+            every = [(tenant, *rest) for tenant, group in by_tenant.items() for rest in group]
+            return [await _cursor(conn, batch, {**own, "keys": _json(every)}, row_factory)]
+        one = _render(statement, _tenant_keys(columns), "%(tenant)s")
+        bound = [
+            {**own, "keys": _json(group), "tenant": tenant} for tenant, group in by_tenant.items()
+        ]
+        if len(bound) == 1:
+            return [await _cursor(conn, one, bound[0], row_factory)]
+        # One round trip for all the tenants' statements: their results are read after it.
+        async with conn.pipeline():
+            return [await _cursor(conn, one, each, row_factory) for each in bound]
+
+
+# For keys that are all one tenant's (a read, an erasure): both modes make the same statement.
+ONE_TENANT = KeyLookups()
+
+
+def _render(statement: str, keys: str, tenant: str) -> bytes:
+    return statement.replace("{keys}", keys).replace("{tenant}", tenant).encode()
+
+
+def _batch_keys(columns: Sequence[str]) -> str:
+    """The keys of several tenants: one JSON array of them (psycopg dumps list parameters at
+    about 0.5 us an element, orjson at 0.01, and the server reads both as fast; batches look
+    up one or more keys per event, so this is per-event cost)."""
     fields = ", ".join(f"r->>{index} AS {name}" for index, name in enumerate(columns))
-    return f"(SELECT {fields} FROM jsonb_array_elements(%s::jsonb) AS r) AS k"
+    return f"(SELECT {fields} FROM jsonb_array_elements(%(keys)s::jsonb) AS r) AS k"
 
 
-def keyset_param(keys: Iterable[Sequence[str]]) -> str:
-    return orjson.dumps(list(keys)).decode()
-
-
-async def load_seen(conn: Conn, projection: str, keys: Iterable[EventKey]) -> dict[EventKey, bytes]:
-    wanted = set(keys)
-    if not wanted:
-        return {}
-    cursor = await conn.execute(
-        "SELECT p.tenant_id, p.event_id, p.body_hash FROM processed_events p"
-        f" JOIN {keyset('tenant_id', 'event_id')}"
-        " USING (tenant_id, event_id) WHERE p.projection = %s",
-        (keyset_param(wanted), projection),
+def _tenant_keys(columns: Sequence[str]) -> str:
+    """The keys of one tenant: the tenant a parameter, the rest a JSON array."""
+    fields = ", ".join(
+        [f"%(tenant)s::text AS {TENANT_COLUMN}"]
+        + [f"r->>{index} AS {name}" for index, name in enumerate(columns[1:])]
     )
-    return {(row[0], row[1]): bytes(row[2]) for row in await cursor.fetchall()}
+    return f"(SELECT {fields} FROM jsonb_array_elements(%(keys)s::jsonb) AS r) AS k"
+
+
+def _json(keys: Sequence[Sequence[str]]) -> str:
+    return orjson.dumps(keys).decode()
+
+
+async def _cursor(
+    conn: Conn,
+    statement: bytes,
+    params: Mapping[str, Any],
+    row_factory: AsyncRowFactory[Any] | None,
+) -> AsyncCursor[Any]:
+    cursor = conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
+    await cursor.execute(statement, params)
+    return cursor
+
+
+async def load_seen(
+    conn: Conn, projection: str, keys: Iterable[EventKey], lookups: KeyLookups
+) -> dict[EventKey, bytes]:
+    rows = await lookups.fetch(
+        conn,
+        "SELECT p.tenant_id, p.event_id, p.body_hash FROM processed_events p"
+        " JOIN {keys} USING (tenant_id, event_id)"
+        " WHERE p.tenant_id = {tenant} AND p.projection = %(projection)s",
+        ("tenant_id", "event_id"),
+        keys,
+        {"projection": projection},
+    )
+    return {(row[0], row[1]): bytes(row[2]) for row in rows}
 
 
 async def copy_rows(
@@ -530,9 +626,17 @@ class PostgresTracking:
     """The bookkeeping tables as a projection runner uses them, in the caller's transaction
     (one object, so that the runner's own tests can give it an in-memory fake)."""
 
+    def __init__(self, lookups: KeyLookups) -> None:
+        self.lookups = lookups
+
     lock_offsets = staticmethod(lock_offsets)
     save_offsets = staticmethod(save_offsets)
-    load_seen = staticmethod(load_seen)
+
+    async def load_seen(
+        self, conn: Conn, projection: str, keys: Iterable[EventKey]
+    ) -> dict[EventKey, bytes]:
+        return await load_seen(conn, projection, keys, self.lookups)
+
     claim_processed = staticmethod(claim_processed)
     record_rejections = staticmethod(record_rejections)
     add_to_outbox = staticmethod(add_to_outbox)
@@ -554,7 +658,8 @@ class HandoverTracking(PostgresTracking):
     starts right after. Read in the batch's transaction, the first time a partition is seen:
     once the fused worker tracks it, the predecessor's row is never read again."""
 
-    def __init__(self, predecessor: str) -> None:
+    def __init__(self, predecessor: str, lookups: KeyLookups) -> None:
+        super().__init__(lookups)
         self.predecessor = predecessor
 
     async def lock_offsets(  # type: ignore[override]

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deadletters.keys import LetterKeys, PostgresLetterKeys
 from projections.deadletters.sealing import DeadLetterMessage, LetterSealer, Position, letter_keys
 from projections.sealing.crypto import MasterKeys
@@ -188,9 +188,9 @@ class DeadLetters:
 
     @classmethod
     def in_postgres(
-        cls, master_keys: bytes | MasterKeys, pool: AsyncConnectionPool[Conn]
+        cls, master_keys: bytes | MasterKeys, pool: AsyncConnectionPool[Conn], lookups: KeyLookups
     ) -> DeadLetters:
-        return cls(LetterSealer(master_keys), PostgresLetterKeys(pool))
+        return cls(LetterSealer(master_keys), PostgresLetterKeys(pool, lookups))
 
     def of(
         self, message: InputMessage, code: DeadLetterReason, error: str, detail: str

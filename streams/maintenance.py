@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from projections import bookkeeping, rebuilds
 from projections.access import audit as read_audit
 from projections.admission import flags as evidence_flags
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, probes, queries
 from projections.deletion.verify import verify
@@ -54,12 +54,15 @@ class LedgerMaintenance(Service):
         purge: PurgeRound | None = None,
         purge_interval: timedelta = timedelta(seconds=30),
         lease: Lease | None = None,
+        *,
+        lookups: KeyLookups,
         **kwargs: Any,
     ) -> None:
         """``audit_retention``: the API's read audit rows are kept this long (None: forever).
         ``purge``: the purge checks, run every ``purge_interval`` (None: not run).
         ``lease``: the duties run where it leads (None: here, always)."""
         self._pool = pool
+        self._lookups = lookups
         self._publisher = publisher
         self._stores = stores
         self._topics = topics
@@ -118,7 +121,7 @@ class LedgerMaintenance(Service):
                     )
                 )
             await lifecycle.mark_redelivered(conn, rows, now)
-            states = await lifecycle.load_states(conn, {(t, d) for t, d, _ in rows})
+            states = await lifecycle.load_states(conn, {(t, d) for t, d, _ in rows}, self._lookups)
             for state in states.values():
                 overdue = {
                     name: ack.model_copy(update={"status": "overdue"})
@@ -221,8 +224,8 @@ class LedgerMaintenance(Service):
         if not purged:
             return 0
         async with self._pool.connection() as conn, conn.transaction():
-            states = await lifecycle.load_states(conn, purged)
-            times = await lifecycle.purge_times(conn, purged)
+            states = await lifecycle.load_states(conn, purged, self._lookups)
+            times = await lifecycle.purge_times(conn, purged, self._lookups)
             messages = []
             for key, state in sorted(states.items()):
                 purged_at, places = times.get(key, (None, {}))

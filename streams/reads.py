@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from projections.access.pauses import check_serving
-from projections.bookkeeping import Conn
+from projections.bookkeeping import ONE_TENANT, Conn
 from projections.cache.port import RecallCache
 from projections.conversation import store as conversation_store
 from projections.deletion import guard as erasure_guard
@@ -80,10 +80,10 @@ async def hydrate(
     the erasure index; keep the eligible ones, in candidate order, and say why the others
     were dropped, and which."""
     ids = list(dict.fromkeys(memory_id for memory_id, _ in candidates))
-    records = await memory_store.load_records(conn, ((tenant_id, m) for m in ids))
+    records = await memory_store.load_records(conn, ((tenant_id, m) for m in ids), ONE_TENANT)
     keys = [memory_key(tenant_id, m) for m in ids]
     keys += [subject_key(tenant_id, r.subject.type, r.subject.id) for r in records.values()]
-    erasures = await erasure_guard.load_erasures(conn, keys)
+    erasures = await erasure_guard.load_erasures(conn, keys, ONE_TENANT)
     kept: list[MemoryRecord] = []
     dropped: Counter[str] = Counter()
     dropped_ids: list[str] = []

@@ -174,15 +174,18 @@ class MemoryRebuild:
         loaded_heads: dict[MemoryKey, MemoryRecord] = {}
         if erased_since or not self.every_key_known:
             unknown = keys if erased_since else keys - self.known
-            loaded = await store.load_records(conn, unknown)
-            loaded_heads = await store.load_heads(conn, loaded)
+            loaded = await store.load_records(conn, unknown, projection.lookups)
+            loaded_heads = await store.load_heads(conn, loaded, projection.lookups)
             records = records | loaded
             heads = heads | loaded_heads
         state = await projection.state_of(conn, events, records, heads)
         claimed: dict[EventKey, bytes] = {}
         if consult_claims:
             claimed = await bookkeeping.load_seen(
-                conn, projection.name, [(e.tenant_id, e.event_id) for e in events]
+                conn,
+                projection.name,
+                [(e.tenant_id, e.event_id) for e in events],
+                projection.lookups,
             )
         outcome = projection.reduce(events, state, self.seen | claimed if claimed else self.seen)
         await bookkeeping.claim_processed(conn, projection.name, outcome.processed)

@@ -52,7 +52,13 @@ from psycopg.conninfo import make_conninfo
 
 from projections import rebuilds
 from projections import shadow as shadows
-from projections.bookkeeping import Conn, OutboxMessage, lock_offsets, pending_outbox
+from projections.bookkeeping import (
+    Conn,
+    OutboxMessage,
+    PostgresTracking,
+    lock_offsets,
+    pending_outbox,
+)
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import guard as erasure_guard
@@ -201,7 +207,14 @@ async def replay_projection(
         pool = make_pool(shadow_dsn, 2)
         await pool.open(wait=True)
         metrics = Metrics(CollectorRegistry())
-        runner = ProjectionRunner(projection, pool, DiscardingPublisher(), settings.topics, metrics)
+        runner = ProjectionRunner(
+            projection,
+            pool,
+            DiscardingPublisher(),
+            settings.topics,
+            metrics,
+            tracking=PostgresTracking(settings.key_lookups),
+        )
         # A rebuild dead-letters nothing (DiscardingPublisher stops it instead), and a
         # systemic fault stops it like a live worker.
         isolation = Isolation(

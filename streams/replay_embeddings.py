@@ -79,7 +79,7 @@ async def replay_embeddings(
         pool, shadow, build_embedder(settings), DiscardingPublisher(),
         settings.topics, metrics, asyncio.Lock(),
         # The records of conversation.messages are sealed: the erased ones stay shut.
-        KeyStore(settings.worker_master_keys()),
+        KeyStore(settings.worker_master_keys(), settings.key_lookups),
     )  # fmt: skip
     isolation = Isolation(
         CircuitBreaker("replay embeddings"), metrics, unpublished_letters(settings)

@@ -21,7 +21,7 @@ from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
 from projections import bookkeeping, coordination
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.retention import classes, holds
 from projections.retention import store as schedule_store
 from projections.retention.schedule import (
@@ -83,8 +83,11 @@ class RetentionScheduler(Service):
         metrics: Metrics,
         settings: RetentionSettings,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        *,
+        lookups: KeyLookups,
         **kwargs: Any,
     ) -> None:
+        self._lookups = lookups
         self._pool = pool
         self._publisher = publisher
         self._topics = topics
@@ -121,7 +124,7 @@ class RetentionScheduler(Service):
                 conn, now, settings.expiry_grace, settings.batch_size
             )
             policies = await classes.policies(
-                conn, {c.tenant_id for c in conversations}, settings.global_default
+                conn, {c.tenant_id for c in conversations}, settings.global_default, self._lookups
             )
             on_conversations = await holds.on_conversations(
                 conn, ((c.tenant_id, c.conversation_id) for c in conversations)

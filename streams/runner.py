@@ -46,7 +46,7 @@ from typing import Generic, Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, OutboxMessage, PostgresTracking, RejectionRow, Tracking
+from projections.bookkeeping import Conn, OutboxMessage, RejectionRow, Tracking
 from projections.idempotency import EventKey
 from projections.outcome import Outcome
 from streams.failures import OversizedOutput, retry_transient
@@ -196,10 +196,11 @@ class ProjectionRunner(Generic[EventT, StateT, OutcomeT]):
         max_backoff_seconds: float = 30.0,
         failpoint: str = "",
         outbox_drain_max_bytes: int = 32 * 1024 * 1024,
-        tracking: Tracking | None = None,
+        *,
+        tracking: Tracking,
     ) -> None:
         self.projection = projection
-        self._tracking: Tracking = tracking or PostgresTracking()
+        self._tracking = tracking
         self._kill_after_commit = failpoint == f"{projection.name}:after_commit"
         self._pool = pool
         self._publisher = publisher

@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from projections.bookkeeping import KeyLookups
 from projections.conversation.context import ContextSettings
 from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
 from projections.embeddings.vectors import SearchMode, VectorStoreKind
@@ -153,6 +154,14 @@ class Settings(BaseSettings):
         "outside local development give it there, or in MEMPROJ_POSTGRES_PASSWORD_FILE",
     )
     postgres_pool_size: int = Field(4, description="connections per worker process")
+    lookups_per_tenant: bool = Field(
+        False,
+        description="look up a batch's keys with one statement per tenant, each naming its "
+        "tenant (pipelined: one round trip for all), rather than one statement for all the "
+        "batch's tenants: on Citus each then runs on its tenant's shard alone, not on every "
+        "shard. On plain PostgreSQL leave it off: one statement is cheaper "
+        "(ops/decisions/citus.md)",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:56379/0",
         description="Redis for the cache store (and the rate limits' windows with "
@@ -588,6 +597,10 @@ class Settings(BaseSettings):
         """The deployment's default retention period (None: kept)."""
         seconds = self.retention_default_seconds
         return timedelta(seconds=seconds) if seconds > 0 else None
+
+    @property
+    def key_lookups(self) -> KeyLookups:
+        return KeyLookups(per_tenant=self.lookups_per_tenant)
 
     @property
     def context(self) -> ContextSettings:

@@ -19,7 +19,13 @@ from mode import Service
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, HandoverTracking, PostgresTracking, Tracking
+from projections.bookkeeping import (
+    Conn,
+    HandoverTracking,
+    KeyLookups,
+    PostgresTracking,
+    Tracking,
+)
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.lance_writer import LanceWriterLock
@@ -143,7 +149,9 @@ def add_agent(
 ) -> None:
     """Every agent: the shared batch loop, with its own breaker, on ``inputs``, read by a
     consumer of its own in the kind's group."""
-    dead_letters = DeadLetters.in_postgres(settings.worker_master_keys(), parts.pool)
+    dead_letters = DeadLetters.in_postgres(
+        settings.worker_master_keys(), parts.pool, settings.key_lookups
+    )
     isolation = Isolation(settings.breaker.breaker(handler.name), metrics, dead_letters)
     loop = BatchLoop(handler, isolation, settings.batch_limits, metrics, parts.stop)
     parts.loops.append(loop)
@@ -176,7 +184,7 @@ def build_projection_worker(
             metrics,
             failpoint=settings.failpoint,
             outbox_drain_max_bytes=settings.batch_max_bytes,
-            tracking=tracking,
+            tracking=tracking or PostgresTracking(settings.key_lookups),
         )
 
     inputs = list(projection.input_specs)
@@ -193,7 +201,7 @@ def build_projection_worker(
 
 
 def key_store(settings: Settings) -> KeyStore:
-    return KeyStore(settings.worker_master_keys())
+    return KeyStore(settings.worker_master_keys(), settings.key_lookups)
 
 
 def probe_sealer(settings: Settings) -> ProbeSealer:
@@ -230,10 +238,10 @@ class LiveInput:
     seals: bool
     inherit_from: str | None
 
-    def tracking(self) -> Tracking:
+    def tracking(self, lookups: KeyLookups) -> Tracking:
         if self.inherit_from is None:
-            return PostgresTracking()
-        return HandoverTracking(self.inherit_from)
+            return PostgresTracking(lookups)
+        return HandoverTracking(self.inherit_from, lookups)
 
 
 def live_input(settings: Settings, projection: Projection[Any, Any, Any]) -> LiveInput:
@@ -260,7 +268,7 @@ def build_fused_worker(
         port,
         fused,
         lambda parts: raw_input_trimmers(settings, metrics, parts.pool, fused),
-        source.tracking(),
+        source.tracking(settings.key_lookups),
     )
 
 
@@ -311,6 +319,7 @@ def ledger_projection(
         metrics,
         # The ledger seals probes, the verification opens them.
         probes=probe_sealer(settings),
+        lookups=settings.key_lookups,
         stores=stores,
     )
 
@@ -345,6 +354,7 @@ def build_deletion_worker(
                 else None,
                 purge_interval=timedelta(seconds=settings.deletion_purge_check_seconds),
                 lease=lease,
+                lookups=settings.key_lookups,
             ),
             # Retention and expiry issue their erasures (streams.retention).
             RetentionScheduler(
@@ -353,6 +363,7 @@ def build_deletion_worker(
                 settings.topics,
                 metrics,
                 retention_settings(settings),
+                lookups=settings.key_lookups,
             ),
             # Topic lifetimes: memory.current's segments roll (streams.compaction).
             *segment_rollers(settings, metrics, lease),

@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import psycopg
 from confluent_kafka import Producer
+from cpu_time import StackProcesses  # ops/bench/cpu_time.py, beside this script
 
 from projections.migrate import migrate
 from streams.kafka import create_topics, delete_topics, producer_config
-from streams.settings import Settings
+from streams.settings import DevelopmentKeyRefused, Settings
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
 
 Message = tuple[bytes | None, bytes | None]
@@ -31,6 +33,26 @@ def application_prefix(run: str) -> str:
     """What every PostgreSQL connection of one benchmark run is named after
     (``application_name``): how the CPU meter tells this run's backends from others'."""
     return f"memproj-bench-{run}"
+
+
+def stack_settings() -> Settings:
+    """The local stack's settings, or the run stopped with how to load them: every phase's
+    workers would refuse the development master key outside its environment (said once,
+    before anything runs)."""
+    base = Settings()
+    try:
+        base.worker_master_keys()
+    except DevelopmentKeyRefused as refused:
+        sys.exit(f'{refused}; the local stack\'s environment: eval "$(ops/stack env)"')
+    return base
+
+
+def counted_stack(base: Settings, run: str) -> StackProcesses:
+    """PostgreSQL's and the broker's processes for the CPU meter, said when one is not found."""
+    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
+    if stack.missing:
+        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
+    return stack
 
 
 @dataclass

@@ -47,8 +47,13 @@ import psycopg
 from confluent_kafka import Producer
 
 # ops/bench/*.py, beside this script
-from cpu_time import POSTGRES_BACKENDS, StackProcesses, total
-from environment import Environment, application_prefix, drop, isolated, prepare
+from cpu_time import POSTGRES_BACKENDS, StackProcesses
+from environment import (
+    Environment,
+    counted_stack,
+    prepare,
+    stack_settings,
+)
 from governed_stream import (
     TENANTS,
     Conversations,
@@ -59,13 +64,14 @@ from governed_stream import (
     tenants,
 )
 from phases import Phases
-from pipeline import Workers, projection_apply
+from pipeline import MEMORY_WORKERS, Workers, projection_apply
+from sides import alternating_rounds, side_means, side_ratios
 
 from projections.admission import store as admission_store
 from projections.admission.policy import PolicyDocument
 from streams.kafka import producer_config
 from streams.sample import sample_memory_stream
-from streams.settings import DevelopmentKeyRefused, Settings
+from streams.settings import Settings
 from topics.outputs import RejectionReason
 from topics.registry import CONVERSATION_EVENTS
 
@@ -74,7 +80,6 @@ RESULTS = REPO / "ops" / "bench" / "results"
 
 NO_POLICY = "a: no policy"
 GOVERNED = "b: policy"
-WORKER = "memory worker(s)"  # pipeline.Workers.pids names the memory workers so
 # A verification of a version held for review is refused: the policy's doing, indirectly.
 HELD_REASON = RejectionReason.PENDING_REVIEW.value
 # The refusals a policy makes (projections/admission/decide.py); any other reason is the
@@ -165,10 +170,11 @@ def measure_round(
     base: Settings,
     environment: Environment,
     label: str,
+    log_path: Path,
+    *,
     conversations: Conversations,
     messages: list[Message],
     stack: StackProcesses,
-    log_path: Path,
 ) -> dict[str, Any]:
     prepare(base, environment)
     apply_conversations(environment, conversations, log_path.with_suffix(".conversation"))
@@ -185,10 +191,6 @@ def measure_round(
     }
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
 def summary(rounds: Sequence[Mapping[str, Any]], events: int) -> dict[str, Any]:
     """Each side's mean rate and CPU per event over its rounds, and the ratios b/a where both
     sides were measured."""
@@ -198,38 +200,16 @@ def summary(rounds: Sequence[Mapping[str, Any]], events: int) -> dict[str, Any]:
         mine = [r for r in rounds if r["side"] == label]
         if not mine:
             continue
-        cpu = [r["cpu_us_per_event"] for r in mine]
-        names = sorted({name for spent in cpu for name in spent})
-        mean_cpu = {n: round(_mean([spent.get(n, 0.0) for spent in cpu]), 1) for n in names}
         decided: Counter[str] = Counter()
         for r in mine:
             decided.update({k: v for k, v in r["decisions"].items() if isinstance(v, int)})
         sides[label] = {
-            "rounds": len(mine),
-            "events_per_s": round(_mean([r["events_per_s"] for r in mine]), 1),
-            "events_per_s_each": [r["events_per_s"] for r in mine],
-            "cpu_us_per_event": mean_cpu,
-            "cpu_total_us_per_event": total(mean_cpu),
+            **side_means(mine),
             "decisions_per_round": {k: round(v / len(mine), 1) for k, v in decided.items()},
         }
     result["sides"] = sides
     if NO_POLICY in sides and GOVERNED in sides:
-        a, b = sides[NO_POLICY], sides[GOVERNED]
-
-        def ratio(of: float, to: float) -> float | None:
-            return round(of / to, 3) if to else None
-
-        result["b_over_a"] = {
-            "events_per_s": ratio(b["events_per_s"], a["events_per_s"]),
-            "cpu_worker": ratio(
-                b["cpu_us_per_event"].get(WORKER, 0.0), a["cpu_us_per_event"].get(WORKER, 0.0)
-            ),
-            "cpu_postgres_backends": ratio(
-                b["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
-                a["cpu_us_per_event"].get(POSTGRES_BACKENDS, 0.0),
-            ),
-            "cpu_total": ratio(b["cpu_total_us_per_event"], a["cpu_total_us_per_event"]),
-        }
+        result["b_over_a"] = side_ratios(sides[NO_POLICY], sides[GOVERNED], MEMORY_WORKERS)
     return result
 
 
@@ -257,7 +237,7 @@ def table(result: Mapping[str, Any]) -> list[str]:
         ]
         + [fmt(ratios.get("events_per_s"), ".2f")],
         ["CPU µs/event, memory worker"]
-        + [fmt(cpu(sides[s], WORKER)) for s in labels]
+        + [fmt(cpu(sides[s], MEMORY_WORKERS)) for s in labels]
         + [fmt(ratios.get("cpu_worker"), ".2f")],
         ["CPU µs/event, PostgreSQL backends"]
         + [fmt(cpu(sides[s], POSTGRES_BACKENDS)) for s in labels]
@@ -287,49 +267,22 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="rounds of each side, alternating")
     args = parser.parse_args()
 
-    base = Settings()
-    try:
-        base.worker_master_keys()
-    except DevelopmentKeyRefused as refused:
-        sys.exit(f'{refused}; the local stack\'s environment: eval "$(ops/stack env)"')
+    base = stack_settings()
     run = uuid.uuid4().hex[:8]
-    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
-    if stack.missing:
-        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
+    stack = counted_stack(base, run)
     conversations = conversation_stream()
     stream = sample_memory_stream(args.memories, TENANTS, seed=3)
     messages = citing_evidence(((m.key, m.value) for m in stream), conversations.evidence)
     RESULTS.mkdir(parents=True, exist_ok=True)
     phases = Phases()
-    rounds: list[dict[str, Any]] = []
-    order = [NO_POLICY, GOVERNED] * args.pairs
-    for number, label in enumerate(order, 1):
-        part = f"{'b' if label == GOVERNED else 'a'}{number}"
-        environment = isolated(base, run, part)
-        log_path = RESULTS / f"worker-{run}-governed-{part}"
-        try:
-            found = phases.run(
-                f"round {number} ({label})",
-                partial(
-                    measure_round,
-                    base,
-                    environment,
-                    label,
-                    conversations,
-                    messages,
-                    stack,
-                    log_path,
-                ),
-            )
-        finally:
-            drop(base, [environment], [])
-        if found is not None:
-            rounds.append(found)
-            print(
-                f"round {number} ({label}): {found['events_per_s']:,.0f} events/s,"
-                f" decisions {found['decisions']}",
-                flush=True,
-            )
+    sides = (NO_POLICY, GOVERNED)
+    measure = partial(measure_round, base, conversations=conversations, messages=messages)
+    rounds = alternating_rounds(
+        base, run, phases, sides, args.pairs, RESULTS, partial(measure, stack=stack)
+    )
+    for found in rounds:
+        print(f"{found['side']}: decisions {found['decisions']}")
+    order = list(sides) * args.pairs
     result = summary(rounds, len(messages))
     result["memories_per_round"] = args.memories
     result["failed_rounds"] = dict(phases.failed)

@@ -52,6 +52,14 @@ def produce(
     return time.perf_counter() - started
 
 
+def worker_name(kind: str) -> str:
+    """What ``Workers.pids`` (and so the CPU meter) names the workers of ``kind``."""
+    return f"{kind} worker(s)"
+
+
+MEMORY_WORKERS = worker_name("memory")
+
+
 def pipeline_kinds(memory_workers: int) -> list[str]:
     """The live memory pipeline: ``memory_workers`` memory workers, each sealing and
     projecting its share of the raw topic (the sealed log is one of their outputs)."""
@@ -127,7 +135,7 @@ class Workers:
     def pids(self) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {}
         for kind, process in zip(self.kinds, self.processes, strict=True):
-            pids.setdefault(f"{kind} worker(s)", []).append(process.pid)
+            pids.setdefault(worker_name(kind), []).append(process.pid)
         return pids
 
     def signal_memory_workers(self, number: signal.Signals) -> None:

@@ -67,7 +67,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 # ops/bench/*.py, beside this script
 from cpu_time import CpuMeter, StackProcesses, total
-from environment import application_prefix, drop, isolated, prepare
+from environment import counted_stack, drop, isolated, prepare, stack_settings
 from erasure_load import STORE_WORKERS, measure_erasure_under_load
 from erasure_load import TARGET_P99_MS as ERASURE_TARGET_MS
 from freshness import TARGET_P99_MS as FRESHNESS_TARGET_MS
@@ -85,7 +85,7 @@ from streams.progress import end_offsets
 from streams.replay import ReplayReport, replay_projection
 from streams.runtime import tune_garbage_collection
 from streams.sample import SampleMessage, sample_memory_stream
-from streams.settings import DevelopmentKeyRefused, Settings
+from streams.settings import Settings
 from streams.worker import memory_projection
 from topics.codec import EventCodec, InvalidMessage
 from topics.registry import MEMORY_EVENTS
@@ -258,12 +258,7 @@ def main() -> None:
     parser.add_argument("--erasures", type=int, default=20, help="erasures under load (≤ 25)")
     args = parser.parse_args()
 
-    base = Settings()
-    try:
-        # Every phase's workers would refuse it: said once, before anything runs.
-        base.worker_master_keys()
-    except DevelopmentKeyRefused as refused:
-        sys.exit(f'{refused}; the local stack\'s environment: eval "$(ops/stack env)"')
+    base = stack_settings()
     run = uuid.uuid4().hex[:8]
     live = isolated(base, run, "")
     stages = isolated(base, run, "stages")
@@ -274,9 +269,7 @@ def main() -> None:
     load = isolated(base, run, "load")
     scale = isolated(base, run, "scale")
     environments = [live, stages, *baselines, fresh, load, scale]
-    stack = StackProcesses(base.postgres_conninfo, base.kafka_bootstrap, application_prefix(run))
-    if stack.missing:
-        print(f"warning: {' and '.join(stack.missing)} not found: their CPU is not counted")
+    stack = counted_stack(base, run)
     messages = [(m.key, m.value) for m in sample_memory_stream(args.memories, 8, seed=3)]
     count = len(messages)
     rows = baseline_rows(messages)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from projections.admission import store as admission_store
 from projections.admission.policy import DERIVED_SOURCE_TYPES, Policy
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.conversation import store as conversation_store
 from projections.idempotency import EventKey
 from projections.memory import store as memory_store
@@ -68,19 +68,21 @@ def stamp_of(
     )
 
 
-async def read_stamps(conn: Conn, events: Sequence[Envelope]) -> Stamps:
+async def read_stamps(conn: Conn, events: Sequence[Envelope], lookups: KeyLookups) -> Stamps:
     """The stamps of the batch's memory events whose tenant has a policy."""
     memory_events = [e for e in events if isinstance(e, MemoryEvent)]
     if not memory_events:
         return NO_STAMPS
-    versions = await admission_store.current_versions(conn, (e.tenant_id for e in memory_events))
+    tenants = (e.tenant_id for e in memory_events)
+    versions = await admission_store.current_versions(conn, tenants, lookups)
     governed = [e for e in memory_events if e.tenant_id in versions]
     if not governed:
         return NO_STAMPS
-    policies = await admission_store.load_policies(conn, versions.items())
+    policies = await admission_store.load_policies(conn, versions.items(), lookups)
     stored = await memory_store.evidence_of(
         conn,
         {(e.tenant_id, e.memory_id) for e in governed if not isinstance(e, MemoryProposed)},
+        lookups,
     )
     cited = cited_evidence(governed, stored)
     wanted: dict[str, set[str]] = defaultdict(set)

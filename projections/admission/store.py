@@ -18,7 +18,7 @@ from projections.admission.policy import (
     PolicyDocument,
     parse_document,
 )
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,33 +70,36 @@ async def add_version(
     return _stored(row)
 
 
-async def current_versions(conn: Conn, tenants: Iterable[str]) -> dict[str, int]:
+async def current_versions(
+    conn: Conn, tenants: Iterable[str], lookups: KeyLookups
+) -> dict[str, int]:
     """Each tenant's latest policy version; a tenant without a policy is absent (version 0)."""
-    wanted = sorted(set(tenants))
-    if not wanted:
-        return {}
-    cursor = await conn.execute(
-        "SELECT tenant_id, max(version) FROM admission_policies"
-        " WHERE tenant_id = ANY(%s) GROUP BY tenant_id",
-        (wanted,),
+    rows = await lookups.fetch(
+        conn,
+        "SELECT a.tenant_id, max(a.version) FROM admission_policies a"
+        " JOIN {keys} USING (tenant_id) WHERE a.tenant_id = {tenant} GROUP BY a.tenant_id",
+        ("tenant_id",),
+        ((tenant,) for tenant in tenants),
     )
-    return {str(row[0]): int(row[1]) for row in await cursor.fetchall()}
+    return {str(row[0]): int(row[1]) for row in rows}
 
 
 async def load_policies(
-    conn: Conn, keys: Iterable[tuple[str, int]]
+    conn: Conn, keys: Iterable[tuple[str, int]], lookups: KeyLookups
 ) -> dict[tuple[str, int], Policy]:
     """The policies of these (tenant, version) pairs; version 0 (no policy) is not stored."""
     wanted = {key for key in keys if key[1] != NO_POLICY_VERSION}
     if not wanted:
         return {}
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            "SELECT tenant_id, version, rules, created_at, created_by FROM admission_policies"
-            " WHERE tenant_id = ANY(%s) AND version = ANY(%s)",
-            (sorted({t for t, _ in wanted}), sorted({v for _, v in wanted})),
-        )
-        rows = await cursor.fetchall()
+    rows = await lookups.fetch(
+        conn,
+        "SELECT a.tenant_id, a.version, a.rules, a.created_at, a.created_by"
+        " FROM admission_policies a JOIN {keys}"
+        " ON a.tenant_id = {tenant} AND a.version = k.version::integer",
+        ("tenant_id", "version"),
+        ((tenant, str(version)) for tenant, version in wanted),
+        row_factory=dict_row,
+    )
     found = (s for s in map(_stored, rows) if (s.tenant_id, s.version) in wanted)
     return {(s.tenant_id, s.version): s.policy for s in found}
 

@@ -54,6 +54,8 @@ class ConversationProjection:
         self._observer = observer
         self._messages_topic = topics.name(CONVERSATION_MESSAGES)
         self._keys = keys
+        # How every store looks up a batch's keys: as the key store, built with the setting.
+        self._lookups = keys.lookups
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -65,7 +67,7 @@ class ConversationProjection:
     async def load(self, conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
         # Shared tenant locks before the erasure index is read (see projections.deletion.guard).
         await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        state = await store.load_state(conn, events)
+        state = await store.load_state(conn, events, self._lookups)
         keys = [
             key
             for event in events
@@ -73,7 +75,8 @@ class ConversationProjection:
                 event, state.records.get((event.tenant_id, event.conversation_id))
             )
         ]
-        return replace(state, erasures=await erasure_guard.load_erasures(conn, keys))
+        erasures = await erasure_guard.load_erasures(conn, keys, self._lookups)
+        return replace(state, erasures=erasures)
 
     async def lock(
         self, conn: Conn, events: Sequence[ConversationEvent], state: ConversationState
@@ -90,7 +93,7 @@ class ConversationProjection:
         return reduce_batch(events, state, seen)
 
     async def save(self, conn: Conn, outcome: BatchResult) -> None:
-        await store.save_batch(conn, outcome, self._context)
+        await store.save_batch(conn, outcome, self._context, self._lookups)
         await shred_refused(conn, "conversation", outcome.keys_to_shred)
         # After the shredding: a key this part destroys never seals anything. A message this
         # part applies is not erased, so its conversation has a key (or, when the part shreds

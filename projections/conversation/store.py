@@ -10,7 +10,7 @@ from typing import Any, LiteralString
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
+from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from projections.conversation.context import (
     ContextSettings,
     NoFinishedTurns,
@@ -56,24 +56,21 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _keys(keys: Iterable[tuple[str, ...]]) -> str:
-    return keyset_param(sorted(set(keys)))
-
-
-async def load_state(conn: Conn, events: Sequence[ConversationEvent]) -> ConversationState:
+async def load_state(
+    conn: Conn, events: Sequence[ConversationEvent], lookups: KeyLookups
+) -> ConversationState:
     keys = {(e.tenant_id, e.conversation_id) for e in events}
     records: dict[ConversationKey, ConversationRecord] = {}
-    if keys:
-        keys_param = _keys(keys)
-        async with conn.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(
-                f"SELECT {', '.join(CONVERSATION_FIELDS)} FROM conversations"
-                f" JOIN {keyset('tenant_id', 'conversation_id')}"
-                " USING (tenant_id, conversation_id)",
-                (keys_param,),
-            )
-            for row in await cursor.fetchall():
-                records[(row["tenant_id"], row["conversation_id"])] = ConversationRecord(**row)
+    for row in await lookups.fetch(
+        conn,
+        f"SELECT {', '.join(CONVERSATION_FIELDS)} FROM conversations"
+        " JOIN {keys} USING (tenant_id, conversation_id)"
+        " WHERE conversations.tenant_id = {tenant}",
+        ("tenant_id", "conversation_id"),
+        keys,
+        row_factory=dict_row,
+    ):
+        records[(row["tenant_id"], row["conversation_id"])] = ConversationRecord(**row)
     wanted: set[MessageKey] = set()
     for event in events:
         if isinstance(event, MessageAdded):
@@ -83,15 +80,7 @@ async def load_state(conn: Conn, events: Sequence[ConversationEvent]) -> Convers
                 (event.tenant_id, event.conversation_id, m)
                 for m in event.payload.source_message_ids
             )
-    known: set[MessageKey] = set()
-    if wanted:
-        found = await conn.execute(
-            "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-            f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
-            " USING (tenant_id, conversation_id, message_id)",
-            (_keys(wanted),),
-        )
-        known = {(row[0], row[1], row[2]) for row in await found.fetchall()}
+    known = await held_messages(conn, wanted, lookups)
     return ConversationState(records, frozenset(known))
 
 
@@ -118,7 +107,7 @@ class ContextStats:
 
 
 async def save_batch(
-    conn: Conn, result: BatchResult, context: ContextSettings
+    conn: Conn, result: BatchResult, context: ContextSettings, lookups: KeyLookups
 ) -> ContextStats | None:
     if result.records:
         staging = await staging_table(conn, "conversations")
@@ -146,12 +135,12 @@ async def save_batch(
             conn, "conversation_summaries", SUMMARY_FIELDS, map(_summary_row, result.summaries)
         )
     if result.records:
-        return await rebuild_context(conn, list(result.records), context)
+        return await rebuild_context(conn, list(result.records), context, lookups)
     return None
 
 
 async def rebuild_context(
-    conn: Conn, keys: Sequence[ConversationKey], settings: ContextSettings
+    conn: Conn, keys: Sequence[ConversationKey], settings: ContextSettings, lookups: KeyLookups
 ) -> ContextStats:
     """Recompute the context view of ``keys`` from their active turn, the newest finished
     turns that fit the budget and the stored ``TurnIndex`` (``context.advance_context``), or
@@ -162,15 +151,14 @@ async def rebuild_context(
     stats = ContextStats()
     if not keys:
         return stats
-    keys_param = _keys(keys)
-    owners = await _owners(conn, keys_param)
+    owners = await _owners(conn, keys, lookups)
     wanted = [key for key in sorted(set(keys)) if key in owners]
     if not wanted:
         return stats
-    keys_param = _keys(wanted)
-    summaries = await _latest_summaries(conn, keys_param)
-    indexes = await _turn_indexes(conn, keys_param)
-    tails = await _tails(conn, {key: _resume_seq(indexes.get(key)) for key in wanted})
+    summaries = await _latest_summaries(conn, wanted, lookups)
+    indexes = await _turn_indexes(conn, wanted, lookups)
+    starts = {key: _resume_seq(indexes.get(key)) for key in wanted}
+    tails = await _tails(conn, starts, lookups)
     stats.rows_read += sum(len(tail) for tail in tails.values()) + len(summaries)
     answered = {
         key: ids
@@ -192,7 +180,9 @@ async def rebuild_context(
             except StaleTurnIndex:
                 advanced = None
         if advanced is None:
-            messages = tail if _resume_seq(index) == 1 else await _all_messages(conn, key, stats)
+            messages = (
+                tail if _resume_seq(index) == 1 else await _all_messages(conn, key, stats, lookups)
+            )
             stats.full_rebuilds += 1
             unmarked.append(key)
             advanced = await advance_context(
@@ -220,14 +210,14 @@ async def rebuild_context(
             " AND conversation_id = %s AND context_turn IS NOT NULL",
             (tenant_id, conversation_id),
         )
-    if marks:
-        await conn.execute(
-            "UPDATE conversation_messages m SET context_turn = k.turn::integer"
-            f" FROM {keyset('tenant_id', 'conversation_id', 'message_id', 'turn')}"
-            " WHERE m.tenant_id = k.tenant_id AND m.conversation_id = k.conversation_id"
-            " AND m.message_id = k.message_id",
-            (keyset_param(marks),),
-        )
+    await lookups.fetch(
+        conn,
+        "UPDATE conversation_messages m SET context_turn = k.turn::integer FROM {keys}"
+        " WHERE m.tenant_id = {tenant} AND m.conversation_id = k.conversation_id"
+        " AND m.message_id = k.message_id RETURNING m.message_id",
+        ("tenant_id", "conversation_id", "message_id", "turn"),
+        marks,
+    )
     staging = await staging_table(conn, "conversation_context")
     await copy_rows(conn, staging, CONTEXT_FIELDS, rows)
     columns = ", ".join(CONTEXT_FIELDS)
@@ -244,14 +234,19 @@ def _resume_seq(index: TurnIndex | None) -> int:
     return index.active_seq if index is not None else 1
 
 
-async def _turn_indexes(conn: Conn, keys_param: str) -> dict[ConversationKey, TurnIndex]:
-    cursor = await conn.execute(
+async def _turn_indexes(
+    conn: Conn, keys: Sequence[ConversationKey], lookups: KeyLookups
+) -> dict[ConversationKey, TurnIndex]:
+    rows = await lookups.fetch(
+        conn,
         "SELECT tenant_id, conversation_id, turn_index FROM conversation_context"
-        f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)",
-        (keys_param,),
+        " JOIN {keys} USING (tenant_id, conversation_id)"
+        " WHERE conversation_context.tenant_id = {tenant}",
+        ("tenant_id", "conversation_id"),
+        keys,
     )
     found = {}
-    for tenant_id, conversation_id, value in await cursor.fetchall():
+    for tenant_id, conversation_id, value in rows:
         index = TurnIndex.from_json(value)
         if index is not None:
             found[(tenant_id, conversation_id)] = index
@@ -259,33 +254,33 @@ async def _turn_indexes(conn: Conn, keys_param: str) -> dict[ConversationKey, Tu
 
 
 async def _tails(
-    conn: Conn, starts: dict[ConversationKey, int]
+    conn: Conn, starts: dict[ConversationKey, int], lookups: KeyLookups
 ) -> dict[ConversationKey, list[MessageRecord]]:
     """Each conversation's messages from the given seq on, in order: a range of the
     (tenant_id, conversation_id, seq) index per conversation (``OFFSET 0`` keeps the planner
     from turning the lateral join into a hash join over the whole table)."""
     found: dict[ConversationKey, list[MessageRecord]] = {}
-    if not starts:
-        return found
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            f"SELECT {', '.join(f'm.{f}' for f in MESSAGE_FIELDS)}"
-            f" FROM {keyset('tenant_id', 'conversation_id', 'from_seq')} CROSS JOIN LATERAL ("
-            f" SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages c"
-            " WHERE c.tenant_id = k.tenant_id AND c.conversation_id = k.conversation_id"
-            " AND c.seq >= k.from_seq::integer ORDER BY c.seq OFFSET 0) AS m",
-            (keyset_param((*key, str(seq)) for key, seq in sorted(starts.items())),),
-        )
-        for row in await cursor.fetchall():
-            message = _message_from_row(row)
-            found.setdefault((message.tenant_id, message.conversation_id), []).append(message)
+    rows = await lookups.fetch(
+        conn,
+        f"SELECT {', '.join(f'm.{f}' for f in MESSAGE_FIELDS)}"
+        " FROM {keys} CROSS JOIN LATERAL ("
+        f" SELECT {', '.join(MESSAGE_FIELDS)} FROM conversation_messages c"
+        " WHERE c.tenant_id = {tenant} AND c.conversation_id = k.conversation_id"
+        " AND c.seq >= k.from_seq::integer ORDER BY c.seq OFFSET 0) AS m",
+        ("tenant_id", "conversation_id", "from_seq"),
+        ((*key, str(seq)) for key, seq in starts.items()),
+        row_factory=dict_row,
+    )
+    for row in rows:
+        message = _message_from_row(row)
+        found.setdefault((message.tenant_id, message.conversation_id), []).append(message)
     return found
 
 
 async def _all_messages(
-    conn: Conn, key: ConversationKey, stats: ContextStats
+    conn: Conn, key: ConversationKey, stats: ContextStats, lookups: KeyLookups
 ) -> list[MessageRecord]:
-    messages = (await _tails(conn, {key: 1})).get(key, [])
+    messages = (await _tails(conn, {key: 1}, lookups)).get(key, [])
     stats.rows_read += len(messages)
     return messages
 
@@ -376,31 +371,37 @@ def _summary_from_row(row: dict[str, Any]) -> SummaryRecord:
     return SummaryRecord(**{**row, "source_message_ids": tuple(row["source_message_ids"])})
 
 
-async def _latest_summaries(conn: Conn, keys_param: str) -> dict[ConversationKey, SummaryRecord]:
+async def _latest_summaries(
+    conn: Conn, keys: Sequence[ConversationKey], lookups: KeyLookups
+) -> dict[ConversationKey, SummaryRecord]:
     # The newest version only, one index probe per conversation: every summary names all the
     # messages it was built from, so reading them all would grow with the conversation.
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            f"SELECT {', '.join(f's.{f}' for f in SUMMARY_FIELDS)}"
-            f" FROM {keyset('tenant_id', 'conversation_id')} CROSS JOIN LATERAL ("
-            f" SELECT {', '.join(SUMMARY_FIELDS)} FROM conversation_summaries c"
-            " WHERE c.tenant_id = k.tenant_id AND c.conversation_id = k.conversation_id"
-            " ORDER BY c.summary_version DESC LIMIT 1) AS s",
-            (keys_param,),
-        )
-        return {
-            (row["tenant_id"], row["conversation_id"]): _summary_from_row(row)
-            for row in await cursor.fetchall()
-        }
-
-
-async def _owners(conn: Conn, keys_param: str) -> dict[ConversationKey, tuple[Any, ...]]:
-    cursor = await conn.execute(
-        "SELECT tenant_id, conversation_id, owner_type, owner_id, updated_at FROM conversations"
-        f" JOIN {keyset('tenant_id', 'conversation_id')} USING (tenant_id, conversation_id)",
-        (keys_param,),
+    rows = await lookups.fetch(
+        conn,
+        f"SELECT {', '.join(f's.{f}' for f in SUMMARY_FIELDS)}"
+        " FROM {keys} CROSS JOIN LATERAL ("
+        f" SELECT {', '.join(SUMMARY_FIELDS)} FROM conversation_summaries c"
+        " WHERE c.tenant_id = {tenant} AND c.conversation_id = k.conversation_id"
+        " ORDER BY c.summary_version DESC LIMIT 1) AS s",
+        ("tenant_id", "conversation_id"),
+        keys,
+        row_factory=dict_row,
     )
-    return {(row[0], row[1]): (row[2], row[3], row[4]) for row in await cursor.fetchall()}
+    return {(row["tenant_id"], row["conversation_id"]): _summary_from_row(row) for row in rows}
+
+
+async def _owners(
+    conn: Conn, keys: Sequence[ConversationKey], lookups: KeyLookups
+) -> dict[ConversationKey, tuple[Any, ...]]:
+    rows = await lookups.fetch(
+        conn,
+        "SELECT tenant_id, conversation_id, owner_type, owner_id, updated_at FROM conversations"
+        " JOIN {keys} USING (tenant_id, conversation_id)"
+        " WHERE conversations.tenant_id = {tenant}",
+        ("tenant_id", "conversation_id"),
+        keys,
+    )
+    return {(row[0], row[1]): (row[2], row[3], row[4]) for row in rows}
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +447,7 @@ async def load_conversation(
             (tenant_id, conversation_id),
         )
         summaries = [_summary_from_row(r) for r in await cursor.fetchall()]
-    messages = (await _tails(conn, {(tenant_id, conversation_id): 1})).get(
+    messages = (await _tails(conn, {(tenant_id, conversation_id): 1}, ONE_TENANT)).get(
         (tenant_id, conversation_id), []
     )
     return ConversationDetail(ConversationRecord(**row), messages, summaries)
@@ -518,17 +519,19 @@ async def event_ids_of_conversations(
     return [str(row[0]) for row in await cursor.fetchall()]
 
 
-async def held_messages(conn: Conn, keys: Sequence[MessageKey]) -> set[MessageKey]:
+async def held_messages(
+    conn: Conn, keys: Collection[MessageKey], lookups: KeyLookups
+) -> set[MessageKey]:
     """Which of these messages the projection holds."""
-    if not keys:
-        return set()
-    cursor = await conn.execute(
+    rows = await lookups.fetch(
+        conn,
         "SELECT tenant_id, conversation_id, message_id FROM conversation_messages"
-        f" JOIN {keyset('tenant_id', 'conversation_id', 'message_id')}"
-        " USING (tenant_id, conversation_id, message_id)",
-        (keyset_param(keys),),
+        " JOIN {keys} USING (tenant_id, conversation_id, message_id)"
+        " WHERE conversation_messages.tenant_id = {tenant}",
+        ("tenant_id", "conversation_id", "message_id"),
+        keys,
     )
-    return {(r[0], r[1], r[2]) for r in await cursor.fetchall()}
+    return {(r[0], r[1], r[2]) for r in rows}
 
 
 # -- erasure ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.deadletters.owner import LetterOwner
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, LetterSealer
 from projections.deletion import guard as erasure_guard
@@ -38,16 +38,17 @@ class LetterKeys(Protocol):
 
 
 class PostgresLetterKeys:
-    def __init__(self, pool: AsyncConnectionPool[Conn]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Conn], lookups: KeyLookups) -> None:
         self._pool = pool
+        self._lookups = lookups
 
     async def save_in(self, conn: Conn, keys: Sequence[LetterKey]) -> None:
-        await save_keys(conn, keys)
+        await save_keys(conn, keys, self._lookups)
 
     async def save(self, keys: Sequence[LetterKey]) -> None:
         if keys:
             async with self._pool.connection() as conn, conn.transaction():
-                await save_keys(conn, keys)
+                await save_keys(conn, keys, self._lookups)
 
 
 class UnpublishedLetterKeys:
@@ -64,7 +65,7 @@ class UnpublishedLetterKeys:
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
-async def save_keys(conn: Conn, keys: Sequence[LetterKey]) -> None:
+async def save_keys(conn: Conn, keys: Sequence[LetterKey], lookups: KeyLookups) -> None:
     """Store letter keys in the caller's transaction. A letter whose owner is already erased
     (at or after its event's time; any time, when the time is unreadable) is stored erased:
     the erasure came first and covers it. The owners' tenant locks are taken shared, as every
@@ -75,7 +76,7 @@ async def save_keys(conn: Conn, keys: Sequence[LetterKey]) -> None:
     tenants = {tenant for k in keys for tenant in k.owner.tenant_ids()}
     await erasure_guard.lock_tenants(conn, tenants, exclusive=False)
     erasures = await erasure_guard.load_erasures(
-        conn, (entry for k in keys for entry in k.owner.erasure_keys())
+        conn, (entry for k in keys for entry in k.owner.erasure_keys()), lookups
     )
     rows = []
     for k in keys:

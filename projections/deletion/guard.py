@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
+from projections.bookkeeping import Conn, KeyLookups, copy_new_rows
 from projections.deletion.erasure import (
     EntityKey,
     ErasureIndex,
@@ -87,33 +87,36 @@ class ErasuresRead:
         return ErasureIndex(latest_erasures(self.rows))
 
 
-async def read_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasuresRead:
+async def read_erasures(conn: Conn, keys: Iterable[EntityKey], lookups: KeyLookups) -> ErasuresRead:
     wanted = tuple(sorted(set(keys)))
     if not wanted:
         return ErasuresRead()
-    return ErasuresRead(wanted, await _erasure_rows(conn, wanted))
+    return ErasuresRead(wanted, await _erasure_rows(conn, wanted, lookups))
 
 
-async def erasures_changed(conn: Conn, read: ErasuresRead) -> bool:
+async def erasures_changed(conn: Conn, read: ErasuresRead, lookups: KeyLookups) -> bool:
     """Whether an erasure of ``read``'s keys was recorded or forgotten since ``read``."""
     if not read.keys:
         return False
-    return await _erasure_rows(conn, read.keys) != read.rows
+    return await _erasure_rows(conn, read.keys, lookups) != read.rows
 
 
-async def _erasure_rows(conn: Conn, wanted: Sequence[EntityKey]) -> frozenset[ErasureRow]:
-    cursor = await conn.execute(
+async def _erasure_rows(
+    conn: Conn, wanted: Sequence[EntityKey], lookups: KeyLookups
+) -> frozenset[ErasureRow]:
+    rows = await lookups.fetch(
+        conn,
         "SELECT e.tenant_id, e.entity_type, e.subject_type, e.entity_id, e.deletion_id, e.cut_off"
-        " FROM erased_entities e"
-        f" JOIN {keyset('tenant_id', 'entity_type', 'subject_type', 'entity_id')}"
-        " USING (tenant_id, entity_type, subject_type, entity_id)",
-        (keyset_param(wanted),),
+        " FROM erased_entities e JOIN {keys}"
+        " USING (tenant_id, entity_type, subject_type, entity_id) WHERE e.tenant_id = {tenant}",
+        ("tenant_id", "entity_type", "subject_type", "entity_id"),
+        wanted,
     )
-    return frozenset(erasure_row(row) for row in await cursor.fetchall())
+    return frozenset(erasure_row(row) for row in rows)
 
 
-async def load_erasures(conn: Conn, keys: Iterable[EntityKey]) -> ErasureIndex:
-    return (await read_erasures(conn, keys)).index
+async def load_erasures(conn: Conn, keys: Iterable[EntityKey], lookups: KeyLookups) -> ErasureIndex:
+    return (await read_erasures(conn, keys, lookups)).index
 
 
 async def record_erasures(conn: Conn, erasures: Iterable[tuple[EntityKey, datetime, str]]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from projections.bookkeeping import Conn, copy_new_rows, keyset, keyset_param
+from projections.bookkeeping import Conn, KeyLookups, copy_new_rows
 from projections.deletion import probes
 from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
 from projections.distribution import cross_tenant
@@ -24,25 +24,29 @@ OUTCOME_ROWS = "SELECT tenant_id, deletion_id, deadline_at, completed_at FROM de
 receipt joins (``JOIN ({OUTCOME_ROWS}) r``) to tell erasures on time from late ones."""
 
 
-async def load_states(conn: Conn, keys: Iterable[RequestKey]) -> dict[RequestKey, RequestState]:
+async def load_states(
+    conn: Conn, keys: Iterable[RequestKey], lookups: KeyLookups
+) -> dict[RequestKey, RequestState]:
     wanted = sorted(set(keys))
     if not wanted:
         return {}
-    keys_param = keyset_param(wanted)
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id,"
-            " r.subject_type, r.cut_off, r.completed_at FROM deletion_requests r"
-            f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)",
-            (keys_param,),
-        )
-        requests = await cursor.fetchall()
-        await cursor.execute(
-            "SELECT a.* FROM deletion_store_acks a"
-            f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)",
-            (keys_param,),
-        )
-        acks = await cursor.fetchall()
+    requests = await lookups.fetch(
+        conn,
+        "SELECT r.tenant_id, r.deletion_id, r.kind, r.target_type, r.target_id,"
+        " r.subject_type, r.cut_off, r.completed_at FROM deletion_requests r"
+        " JOIN {keys} USING (tenant_id, deletion_id) WHERE r.tenant_id = {tenant}",
+        ("tenant_id", "deletion_id"),
+        wanted,
+        row_factory=dict_row,
+    )
+    acks = await lookups.fetch(
+        conn,
+        "SELECT a.* FROM deletion_store_acks a"
+        " JOIN {keys} USING (tenant_id, deletion_id) WHERE a.tenant_id = {tenant}",
+        ("tenant_id", "deletion_id"),
+        wanted,
+        row_factory=dict_row,
+    )
     stores: dict[RequestKey, dict[str, StoreState]] = {}
     for ack in acks:
         stores.setdefault((ack["tenant_id"], ack["deletion_id"]), {})[ack["store"]] = _store_state(
@@ -228,22 +232,20 @@ async def finish_purged(conn: Conn, now: datetime) -> list[RequestKey]:
 
 
 async def purge_times(
-    conn: Conn, keys: Iterable[RequestKey]
+    conn: Conn, keys: Iterable[RequestKey], lookups: KeyLookups
 ) -> dict[RequestKey, tuple[datetime | None, dict[str, datetime]]]:
     """Per deletion: when it was purged, and when each of its places was."""
-    wanted = sorted(set(keys))
-    if not wanted:
-        return {}
-    keys_param = keyset_param(wanted)
-    cursor = await conn.execute(
+    rows = await lookups.fetch(
+        conn,
         "SELECT r.tenant_id, r.deletion_id, r.purged_at, p.place, p.purged_at"
-        " FROM deletion_requests r"
-        f" JOIN {keyset('tenant_id', 'deletion_id')} USING (tenant_id, deletion_id)"
-        " LEFT JOIN deletion_purges p USING (tenant_id, deletion_id)",
-        (keys_param,),
+        " FROM deletion_requests r JOIN {keys} USING (tenant_id, deletion_id)"
+        " LEFT JOIN deletion_purges p USING (tenant_id, deletion_id)"
+        " WHERE r.tenant_id = {tenant}",
+        ("tenant_id", "deletion_id"),
+        keys,
     )
     times: dict[RequestKey, tuple[datetime | None, dict[str, datetime]]] = {}
-    for tenant, deletion, purged_at, place, place_purged_at in await cursor.fetchall():
+    for tenant, deletion, purged_at, place, place_purged_at in rows:
         _, places = times.setdefault((tenant, deletion), (purged_at, {}))
         if place is not None and place_purged_at is not None:
             places[place] = place_purged_at

@@ -11,7 +11,7 @@ from typing import Protocol
 import orjson
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deletion import erasers, guard, lifecycle, store
 from projections.deletion import probes as deletion_probes
 from projections.deletion.ledger import (
@@ -133,9 +133,11 @@ class LedgerProjection:
         observer: CompletionObserver,
         *,
         probes: ProbeSealer,
+        lookups: KeyLookups,
         stores: StoreRegistry = STORES,
     ) -> None:
         self.codec = LedgerCodec(schemas, topics, stores)
+        self._lookups = lookups
         self._stores = stores
         self._probes = probes
         self._topics = topics
@@ -151,7 +153,7 @@ class LedgerProjection:
         # Exclusive: no projection batch of these tenants runs between resolving the targets
         # and committing the erasure, so nothing written meanwhile escapes it.
         await guard.lock_tenants(conn, (e.tenant_id for e in requests), exclusive=True)
-        states = await lifecycle.load_states(conn, (request_key(e) for e in events))
+        states = await lifecycle.load_states(conn, (request_key(e) for e in events), self._lookups)
         resolved = {
             request_key(e): await store.resolve(
                 conn, e.tenant_id, e.payload.target, content_only=e.payload.scope == "content"
@@ -197,7 +199,7 @@ class LedgerProjection:
             for memory_id in entry.resolved.memories
             if (other := sharing_old_key((entry.tenant_id, memory_id))) is not None
         }
-        outcome.republished = await memory_store.load_records(conn, sharing)
+        outcome.republished = await memory_store.load_records(conn, sharing, self._lookups)
 
     def outputs(self, outcome: LedgerBatch) -> list[OutboxMessage]:
         messages = [tombstone_message(self._topics, entry) for entry in outcome.entries]

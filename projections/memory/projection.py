@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from projections.admission import store as admission_store
 from projections.admission.policy import AdmissionObserver, Policy
-from projections.bookkeeping import Conn, OutboxMessage
+from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deletion import guard as erasure_guard
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex
@@ -51,7 +51,8 @@ class MemoryState:
 class PolicyCache:
     """Admission policies by (tenant, version): immutable once stored, so kept once read."""
 
-    def __init__(self, limit: int = 10_000) -> None:
+    def __init__(self, lookups: KeyLookups, limit: int = 10_000) -> None:
+        self._lookups = lookups
         self._known: dict[PolicyKey, Policy] = {}
         self._limit = limit
 
@@ -65,7 +66,7 @@ class PolicyCache:
         if missing:
             if len(self._known) > self._limit:
                 self._known.clear()
-            self._known.update(await admission_store.load_policies(conn, missing))
+            self._known.update(await admission_store.load_policies(conn, missing, self._lookups))
         return {key: self._known[key] for key in wanted if key in self._known}
 
 
@@ -93,8 +94,10 @@ class MemoryProjection:
         self._revocation_deadline = revocation_deadline
         self._observer = observer
         self._stores = stores
-        self._policies = PolicyCache()
+        self._policies = PolicyCache(keys.lookups)
         self._admissions = admissions
+        # How every store looks up a batch's keys: as the key store, built with the setting.
+        self.lookups = keys.lookups
 
     async def prepare_decode(self, conn: Conn, messages: Sequence[InputMessage]) -> None:
         await self.codec.load_keys(conn, (m.value for m in messages))
@@ -106,8 +109,9 @@ class MemoryProjection:
     async def load(self, conn: Conn, events: Sequence[MemoryEvent]) -> MemoryState:
         """The batch's state, read without the tenant locks: ``lock`` tells whether it still
         holds once they are taken."""
-        records = await store.load_records(conn, ((e.tenant_id, e.memory_id) for e in events))
-        heads = await store.load_heads(conn, records)
+        keys = ((e.tenant_id, e.memory_id) for e in events)
+        records = await store.load_records(conn, keys, self.lookups)
+        heads = await store.load_heads(conn, records, self.lookups)
         return await self.state_of(conn, events, records, heads)
 
     async def lock(
@@ -122,7 +126,7 @@ class MemoryProjection:
         recorded with it (the ledger records each erased memory's key, beside its subject's or
         conversation's), and those keys are among the ones ``state`` was read for."""
         await erasure_guard.lock_tenants(conn, (e.tenant_id for e in events), exclusive=False)
-        if not await erasure_guard.erasures_changed(conn, state.read):
+        if not await erasure_guard.erasures_changed(conn, state.read, self.lookups):
             # The stamps may name a policy version set since the state was read.
             policies = await self._policies.policies(conn, events)
             return state if policies == state.policies else replace(state, policies=policies)
@@ -141,7 +145,7 @@ class MemoryProjection:
         keys = [
             key for event in events for key in erasure_keys(event, _head(event, records, heads))
         ]
-        read = await erasure_guard.read_erasures(conn, keys)
+        read = await erasure_guard.read_erasures(conn, keys, self.lookups)
         policies = await self._policies.policies(conn, events)
         return MemoryState(records, read.index, read, heads, policies)
 

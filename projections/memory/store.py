@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn, copy_rows, keyset, keyset_param, staging_table
+from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.memory.evolve import MemoryKey, MemoryVersion
@@ -48,36 +48,35 @@ def record_from_row(row: dict[str, Any]) -> MemoryRecord:
     )
 
 
-async def load_records(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey, MemoryRecord]:
-    wanted = set(keys)
-    if not wanted:
-        return {}
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            f"SELECT {RECORD_COLUMNS} FROM memories"
-            f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
-            (keyset_param(wanted),),
-        )
-        rows = await cursor.fetchall()
+async def load_records(
+    conn: Conn, keys: Iterable[MemoryKey], lookups: KeyLookups
+) -> dict[MemoryKey, MemoryRecord]:
+    rows = await lookups.fetch(
+        conn,
+        f"SELECT {RECORD_COLUMNS} FROM memories"
+        " JOIN {keys} USING (tenant_id, memory_id) WHERE memories.tenant_id = {tenant}",
+        ("tenant_id", "memory_id"),
+        keys,
+        row_factory=dict_row,
+    )
     return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}
 
 
 async def load_heads(
-    conn: Conn, records: dict[MemoryKey, MemoryRecord]
+    conn: Conn, records: dict[MemoryKey, MemoryRecord], lookups: KeyLookups
 ) -> dict[MemoryKey, MemoryRecord]:
     """The held or rejected heads above these rows (served versions), where there are any:
     the head is the version ``memories.head_version`` names, kept in ``memory_versions``."""
-    if not records:
-        return {}
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(
-            f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at FROM memories m"
-            f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)"
-            " JOIN memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
-            " AND v.version = m.head_version",
-            (keyset_param(records),),
-        )
-        rows = await cursor.fetchall()
+    rows = await lookups.fetch(
+        conn,
+        f"SELECT {VERSION_RECORD_COLUMNS}, m.created_at FROM memories m"
+        " JOIN {keys} USING (tenant_id, memory_id)"
+        " JOIN memory_versions v ON v.tenant_id = m.tenant_id AND v.memory_id = m.memory_id"
+        " AND v.version = m.head_version WHERE m.tenant_id = {tenant}",
+        ("tenant_id", "memory_id"),
+        records,
+        row_factory=dict_row,
+    )
     return {(row["tenant_id"], row["memory_id"]): record_from_row(row) for row in rows}
 
 
@@ -104,17 +103,18 @@ async def evidence_versions(conn: Conn, tenant_id: str, event_ids: Iterable[str]
     return {str(row[0]): str(row[1]) for row in await cursor.fetchall()}
 
 
-async def evidence_of(conn: Conn, keys: Iterable[MemoryKey]) -> dict[MemoryKey, tuple[str, ...]]:
+async def evidence_of(
+    conn: Conn, keys: Iterable[MemoryKey], lookups: KeyLookups
+) -> dict[MemoryKey, tuple[str, ...]]:
     """The evidence event ids of these memories (a proposal sets them, nothing changes them)."""
-    wanted = set(keys)
-    if not wanted:
-        return {}
-    cursor = await conn.execute(
+    rows = await lookups.fetch(
+        conn,
         "SELECT tenant_id, memory_id, evidence_event_ids FROM memories"
-        f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
-        (keyset_param(wanted),),
+        " JOIN {keys} USING (tenant_id, memory_id) WHERE memories.tenant_id = {tenant}",
+        ("tenant_id", "memory_id"),
+        keys,
     )
-    return {(row[0], row[1]): tuple(row[2]) for row in await cursor.fetchall()}
+    return {(row[0], row[1]): tuple(row[2]) for row in rows}
 
 
 async def event_ids_of(
@@ -307,7 +307,7 @@ class VersionEntry:
 
 
 async def load_memory(conn: Conn, tenant_id: str, memory_id: str) -> MemoryRecord | None:
-    records = await load_records(conn, [(tenant_id, memory_id)])
+    records = await load_records(conn, [(tenant_id, memory_id)], ONE_TENANT)
     return records.get((tenant_id, memory_id))
 
 
@@ -402,7 +402,9 @@ async def pending_reviews(
         )
         rows = await cursor.fetchall()
     served = await load_records(
-        conn, [(tenant_id, row["memory_id"]) for row in rows if row["head_version"] is not None]
+        conn,
+        [(tenant_id, row["memory_id"]) for row in rows if row["head_version"] is not None],
+        ONE_TENANT,
     )
     return [
         PendingReview(
@@ -453,16 +455,18 @@ async def memories_from_conversation(
         return [record_from_row(row) for row in await cursor.fetchall()]
 
 
-async def held_versions(conn: Conn, keys: Sequence[MemoryKey]) -> dict[MemoryKey, tuple[int, str]]:
+async def held_versions(
+    conn: Conn, keys: Sequence[MemoryKey], lookups: KeyLookups
+) -> dict[MemoryKey, tuple[int, str]]:
     """The version and status of each of these memories the projection holds."""
-    if not keys:
-        return {}
-    cursor = await conn.execute(
+    rows = await lookups.fetch(
+        conn,
         "SELECT tenant_id, memory_id, version, status FROM memories"
-        f" JOIN {keyset('tenant_id', 'memory_id')} USING (tenant_id, memory_id)",
-        (keyset_param(keys),),
+        " JOIN {keys} USING (tenant_id, memory_id) WHERE memories.tenant_id = {tenant}",
+        ("tenant_id", "memory_id"),
+        keys,
     )
-    return {(r[0], r[1]): (r[2], r[3]) for r in await cursor.fetchall()}
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 async def count_recallable(conn: Conn, tenant_id: str, memory_ids: Sequence[str]) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.distribution import cross_tenant
 from projections.retention.schedule import TENANT_DEFAULT, Period, Policy
 
@@ -82,16 +82,20 @@ async def list_classes(conn: Conn, tenant_id: str | None = None) -> list[ClassRo
     ]
 
 
-async def policies(conn: Conn, tenants: Iterable[str], global_default: Period) -> dict[str, Policy]:
+async def policies(
+    conn: Conn, tenants: Iterable[str], global_default: Period, lookups: KeyLookups
+) -> dict[str, Policy]:
     """Every tenant's policy among ``tenants`` (one with no class of its own gets the
     deployment's default alone)."""
     wanted = sorted(set(tenants))
-    cursor = await conn.execute(
-        "SELECT tenant_id, retention_class, period_seconds FROM retention_classes"
-        " WHERE tenant_id = ANY(%s)",
-        (wanted,),
+    rows = await lookups.fetch(
+        conn,
+        "SELECT c.tenant_id, c.retention_class, c.period_seconds FROM retention_classes c"
+        " JOIN {keys} USING (tenant_id) WHERE c.tenant_id = {tenant}",
+        ("tenant_id",),
+        ((tenant,) for tenant in wanted),
     )
     found: dict[str, dict[str, Period]] = {t: {} for t in wanted}
-    for tenant, retention_class, seconds in await cursor.fetchall():
+    for tenant, retention_class, seconds in rows:
         found[tenant][retention_class] = None if seconds is None else timedelta(seconds=seconds)
     return {t: Policy(classes, global_default) for t, classes in found.items()}

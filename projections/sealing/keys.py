@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from projections.bookkeeping import Conn, keyset, keyset_param
+from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.sealing.crypto import (
@@ -49,8 +49,9 @@ def wrap_associated(ref: EntityRef, wrap_format: int) -> bytes:
 
 
 class KeyStore:
-    def __init__(self, master_keys: bytes | MasterKeys) -> None:
+    def __init__(self, master_keys: bytes | MasterKeys, lookups: KeyLookups) -> None:
         self.master_keys = as_master_keys(master_keys)
+        self.lookups = lookups
         self._formats = {
             1: KeyWrapping(self.master_keys, None),
             2: KeyWrapping(self.master_keys, _WRAPPING_PURPOSE),
@@ -81,7 +82,7 @@ class KeyStore:
     async def rekeyed(self, conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:
         """Of ``refs`` (entities that have a key), those whose earlier key an erasure
         destroyed: see ``ever_shredded``."""
-        return await ever_shredded(conn, refs)
+        return await ever_shredded(conn, refs, self.lookups)
 
     async def keys(
         self, conn: Conn, refs: Iterable[EntityRef], *, create: bool = False
@@ -103,34 +104,32 @@ class KeyStore:
         that got a key meanwhile keeps it)."""
         if not fresh:
             return set()
-        cursor = await conn.execute(
+        rows = await self.lookups.fetch(
+            conn,
             "INSERT INTO entity_keys"
             " (tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id)"
             " SELECT tenant_id, entity_type, entity_id, decode(wrapped_key, 'hex'),"
-            " %s::smallint, %s"
-            f" FROM {keyset('tenant_id', 'entity_type', 'entity_id', 'wrapped_key')}"
+            " %(format)s::smallint, %(key_id)s FROM {keys}"
             " ON CONFLICT DO NOTHING RETURNING tenant_id, entity_type, entity_id",
-            (
-                WRAP_FORMAT,
-                self.key_id,
-                keyset_param(
-                    (*ref, self.wrap(ref, key).hex()) for ref, key in sorted(fresh.items())
-                ),
-            ),
+            ("tenant_id", "entity_type", "entity_id", "wrapped_key"),
+            ((*ref, self.wrap(ref, key).hex()) for ref, key in fresh.items()),
+            {"format": WRAP_FORMAT, "key_id": self.key_id},
         )
-        return {(tenant, kind, entity_id) for tenant, kind, entity_id in await cursor.fetchall()}
+        return {(tenant, kind, entity_id) for tenant, kind, entity_id in rows}
 
     async def _stored(self, conn: Conn, refs: Sequence[EntityRef]) -> dict[EntityRef, bytes]:
         if not refs:
             return {}
-        cursor = await conn.execute(
+        rows = await self.lookups.fetch(
+            conn,
             "SELECT tenant_id, entity_type, entity_id, wrapped_key, wrap_format, master_key_id"
-            f" FROM entity_keys JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
-            " USING (tenant_id, entity_type, entity_id)",
-            (keyset_param(refs),),
+            " FROM entity_keys JOIN {keys} USING (tenant_id, entity_type, entity_id)"
+            " WHERE entity_keys.tenant_id = {tenant}",
+            ("tenant_id", "entity_type", "entity_id"),
+            refs,
         )
         found = {}
-        for tenant, entity_type, entity_id, wrapped, wrap_format, key_id in await cursor.fetchall():
+        for tenant, entity_type, entity_id, wrapped, wrap_format, key_id in rows:
             ref = (tenant, entity_type, entity_id)
             found[ref] = self.unwrap(ref, bytes(wrapped), wrap_format, key_id)
         return found
@@ -181,29 +180,35 @@ async def shred_refused(
     by_deletion: dict[str, list[EntityRef]] = {}
     for (tenant_id, entity_id), deletion_id in refused.items():
         by_deletion.setdefault(deletion_id, []).append((tenant_id, entity_type, entity_id))
-    for deletion_id, refs in sorted(by_deletion.items()):
-        await shred(conn, refs, deletion_id)
+    for deletion_id, refs in sorted(by_deletion.items()):  # a deletion is one tenant's
+        await shred(conn, refs, deletion_id, ONE_TENANT)
 
 
-async def shred(conn: Conn, refs: Iterable[EntityRef], deletion_id: str) -> int:
+async def shred(
+    conn: Conn, refs: Iterable[EntityRef], deletion_id: str, lookups: KeyLookups
+) -> int:
     """Destroy the data keys of ``refs``: their sealed fields become unreadable everywhere."""
     wanted = sorted(set(refs))
     if not wanted:
         return 0
-    refs_relation = keyset("tenant_id", "entity_type", "entity_id")
-    keys_param = keyset_param(wanted)
-    cursor = await conn.execute(
-        f"DELETE FROM entity_keys e USING {refs_relation} WHERE e.tenant_id = k.tenant_id"
-        " AND e.entity_type = k.entity_type AND e.entity_id = k.entity_id",
-        (keys_param,),
+    columns = ("tenant_id", "entity_type", "entity_id")
+    shredded = await lookups.fetch(
+        conn,
+        "DELETE FROM entity_keys e USING {keys} WHERE e.tenant_id = {tenant}"
+        " AND e.entity_type = k.entity_type AND e.entity_id = k.entity_id RETURNING e.entity_id",
+        columns,
+        wanted,
     )
-    await conn.execute(
+    await lookups.fetch(
+        conn,
         "INSERT INTO shredded_keys (tenant_id, entity_type, entity_id, deletion_id)"
-        f" SELECT tenant_id, entity_type, entity_id, %s FROM {refs_relation}"
-        " ON CONFLICT DO NOTHING",
-        (deletion_id, keys_param),
+        " SELECT tenant_id, entity_type, entity_id, %(deletion)s FROM {keys}"
+        " ON CONFLICT DO NOTHING RETURNING entity_id",
+        columns,
+        wanted,
+        {"deletion": deletion_id},
     )
-    return cursor.rowcount
+    return len(shredded)
 
 
 async def erase(conn: Conn, scope: ErasureScope) -> None:
@@ -216,20 +221,25 @@ async def erase(conn: Conn, scope: ErasureScope) -> None:
         + [(scope.tenant_id, "conversation", c) for c in scope.conversations]
         + [(scope.tenant_id, SOURCE_KEY_ENTITY, c) for c in scope.sources],
         scope.deletion_id,
+        ONE_TENANT,
     )
 
 
-async def ever_shredded(conn: Conn, refs: Iterable[EntityRef]) -> set[EntityRef]:
+async def ever_shredded(
+    conn: Conn, refs: Iterable[EntityRef], lookups: KeyLookups
+) -> set[EntityRef]:
     """Which of ``refs`` had a key destroyed by a deletion. An entity that has data again
     after its erasure has a new key; what was sealed under the destroyed one does not open
     with it, and is shredded, not tampered."""
     wanted = sorted(set(refs))
     if not wanted:
         return set()
-    cursor = await conn.execute(
+    rows = await lookups.fetch(
+        conn,
         "SELECT DISTINCT tenant_id, entity_type, entity_id FROM shredded_keys"
-        f" JOIN {keyset('tenant_id', 'entity_type', 'entity_id')}"
-        " USING (tenant_id, entity_type, entity_id)",
-        (keyset_param(wanted),),
+        " JOIN {keys} USING (tenant_id, entity_type, entity_id)"
+        " WHERE shredded_keys.tenant_id = {tenant}",
+        ("tenant_id", "entity_type", "entity_id"),
+        wanted,
     )
-    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}
+    return {(row[0], row[1], row[2]) for row in rows}

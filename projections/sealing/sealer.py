@@ -152,10 +152,11 @@ class Sealer:
         read = await erasure_guard.read_erasures(
             conn,
             (key for event in events for key in erasure_keys_of(event, event_sealing_keys(event))),
+            self._keys.lookups,
         )
         erasures = read.index
         wanted = keys_needed(events, erasures)
-        stamps = await read_stamps(conn, events)
+        stamps = await read_stamps(conn, events, self._keys.lookups)
         if locked:
             keys = await self._keys.keys(conn, wanted, create=True)
             return SealingState(keys, erasures, read, stamps=stamps)
@@ -168,7 +169,7 @@ class Sealer:
         holds, its proposed keys now stored. False if an erasure of its entities was recorded
         since (nothing is stored) or another worker gave one of them a key meanwhile: the
         caller reads again under the locks."""
-        if await erasure_guard.erasures_changed(conn, state.read):
+        if await erasure_guard.erasures_changed(conn, state.read, self._keys.lookups):
             return False
         return await self._keys.add(conn, state.proposed) == set(state.proposed)
 

@@ -160,7 +160,8 @@ class EmbeddingsIndexer:
             # Sealed under a key an erasure destroyed, its conversation having a new one now.
             with stage("unseal"):
                 async with self._pool.connection() as conn:
-                    erased = await ever_shredded(conn, [p.entity for _, p, _ in failed])
+                    refs = [p.entity for _, p, _ in failed]
+                    erased = await ever_shredded(conn, refs, self._keys.lookups)
         dead: list[OutboxMessage] = []
         for message, published, why in failed:
             if published.entity in erased:
@@ -237,10 +238,11 @@ class EmbeddingsIndexer:
                 if isinstance(u, MessageUpdate)
             }
         )
-        held_memories = await memory_store.held_versions(conn, memories)
-        held_messages = await conversation_store.held_messages(conn, messages)
+        lookups = self._keys.lookups
+        held_memories = await memory_store.held_versions(conn, memories, lookups)
+        held_messages = await conversation_store.held_messages(conn, messages, lookups)
         erasures = await erasure_guard.load_erasures(
-            conn, (key for update in updates for key in erasure_keys(update))
+            conn, (key for update in updates for key in erasure_keys(update)), lookups
         )
         return Authoritative(held_memories, held_messages, erasures)
 

@@ -51,7 +51,7 @@ async def audit_plaintext(
     """Search every source for ``marker``; ``schemas`` limits PostgreSQL to those named."""
     report = Report(Matcher.of(marker))
     master = settings.worker_master_keys()
-    keys = KeyStore(master)
+    keys = KeyStore(master, settings.key_lookups)
     async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
         # One snapshot for the tables and the data keys the openers use.
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)

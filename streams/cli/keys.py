@@ -33,7 +33,11 @@ T = TypeVar("T")
 
 def sealers_of(settings: Settings) -> Sealers:
     master_keys = settings.worker_master_keys()
-    return Sealers(KeyStore(master_keys), LetterSealer(master_keys), ProbeSealer(master_keys))
+    return Sealers(
+        KeyStore(master_keys, settings.key_lookups),
+        LetterSealer(master_keys),
+        ProbeSealer(master_keys),
+    )
 
 
 def run_rotation(settings: Settings, batch: int, *, dry_run: bool = False) -> RotationReport:

@@ -39,6 +39,7 @@ import projection
 import rss
 import scale_out
 import store_memory
+import tenant_lookups
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -272,7 +273,7 @@ def test_governed_writes_summary_compares_the_sides_means() -> None:
         decisions = governed_writes.decision_counts(
             {False: 90, True: held}, {"evidence_unavailable": held // 10, "version_conflict": 4}
         )
-        cpu = {governed_writes.WORKER: worker, cpu_time.POSTGRES_BACKENDS: 100.0}
+        cpu = {pipeline.MEMORY_WORKERS: worker, cpu_time.POSTGRES_BACKENDS: 100.0}
         return {"side": side, "events_per_s": rate, "cpu_us_per_event": cpu, "decisions": decisions}
 
     a, b = governed_writes.NO_POLICY, governed_writes.GOVERNED
@@ -290,3 +291,21 @@ def test_governed_writes_summary_compares_the_sides_means() -> None:
     lines = governed_writes.table(result)
     assert lines[0] == f"|  | {a} | {b} | b/a |"
     assert "| 1,100 (1,000, 1,200) | 900 (800, 1,000) | 0.82 |" in lines[2]
+
+
+def test_tenant_lookups_summary_compares_the_modes_and_their_projections() -> None:
+    def round_of(side: str, rate: float, worker: float, checksum: str) -> dict[str, Any]:
+        cpu = {pipeline.MEMORY_WORKERS: worker, cpu_time.POSTGRES_BACKENDS: 100.0}
+        return {"side": side, "events_per_s": rate, "cpu_us_per_event": cpu, "checksum": checksum}
+
+    off, on = tenant_lookups.OFF, tenant_lookups.ON
+    rounds = [round_of(off, 1000, 300, "x"), round_of(on, 800, 400, "x")]
+    rounds += [round_of(off, 1200, 300, "x"), round_of(on, 1000, 380, "x")]
+    result = tenant_lookups.summary(rounds)
+    assert result["on_over_off"]["events_per_s"] == round(900 / 1100, 3)
+    assert result["on_over_off"]["cpu_worker"] == 1.3
+    assert result["same_projection"]
+    lines = tenant_lookups.table({100: result})
+    assert "| 100 | 1,100 (1,000, 1,200) | 900 (800, 1,000) | 0.82 | 300 → 390 |" in lines[2]
+    assert lines[2].endswith("| yes |")
+    assert not tenant_lookups.summary([*rounds, round_of(on, 900, 390, "y")])["same_projection"]

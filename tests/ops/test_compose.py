@@ -124,6 +124,9 @@ def test_the_citus_profile_runs_a_coordinator_and_workers_and_distributes_the_ta
     assert (REPO / "ops" / "citus" / "distribute.sql").is_file()
     # Beside the default stack, never in its way: its own published port.
     assert host_ports("citus-coordinator").isdisjoint(host_ports("postgres"))
+    # The memproj services take the per-tenant lookups from the shell (true on Citus).
+    lookups = COMPOSE["x-memproj-env"]["MEMPROJ_LOOKUPS_PER_TENANT"]
+    assert lookups == "${MEMPROJ_LOOKUPS_PER_TENANT:-false}"
 
 
 def test_every_worker_kind_runs_with_its_metrics_port_and_is_scraped() -> None:

@@ -15,6 +15,7 @@ from projections.admission.policy import (
     no_policy,
     parse_document,
 )
+from projections.bookkeeping import KeyLookups
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult, reduce_batch
 from projections.sealing.keys import KeyStore
@@ -317,7 +318,7 @@ def test_the_projection_counts_admissions_and_instruction_matches() -> None:
         TopicNames(),
         1 << 16,
         timedelta(hours=1),
-        KeyStore(b"k" * 32),
+        KeyStore(b"k" * 32, KeyLookups()),
         admissions=Observer(),
     )
     f = EventFactory()

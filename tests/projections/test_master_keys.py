@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from projections.bookkeeping import KeyLookups
 from projections.deadletters.sealing import LetterSealer, Position
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
@@ -28,29 +29,31 @@ VECTOR = [0.25, -1.5, 3.0]
 
 def test_the_newest_key_wraps_and_every_configured_key_unwraps() -> None:
     data_key = new_data_key()
-    under_a = KeyStore(OLD).wrap(REF, data_key)
-    rotating = KeyStore(BOTH)
+    under_a = KeyStore(OLD, KeyLookups()).wrap(REF, data_key)
+    rotating = KeyStore(BOTH, KeyLookups())
     assert rotating.key_id == "kb"
     assert rotating.unwrap(REF, under_a, WRAP_FORMAT, "ka") == data_key
     under_b = rotating.wrap(REF, data_key)
-    assert KeyStore(NEW).unwrap(REF, under_b, WRAP_FORMAT, "kb") == data_key
+    assert KeyStore(NEW, KeyLookups()).unwrap(REF, under_b, WRAP_FORMAT, "kb") == data_key
     with pytest.raises(UnknownMasterKey, match="'ka', which is not configured"):
-        KeyStore(NEW).unwrap(REF, under_a, WRAP_FORMAT, "ka")
+        KeyStore(NEW, KeyLookups()).unwrap(REF, under_a, WRAP_FORMAT, "ka")
     with pytest.raises(Unreadable):  # the id is a hint: the wrong key under it does not open
-        KeyStore(MasterKeys((("ka", B),))).unwrap(REF, under_a, WRAP_FORMAT, "ka")
+        KeyStore(MasterKeys((("ka", B),)), KeyLookups()).unwrap(REF, under_a, WRAP_FORMAT, "ka")
 
 
 def test_a_format_1_key_opens_under_its_master_key_id() -> None:
     data_key = new_data_key()
-    legacy = KeyStore(A).wrap(REF, data_key, 1)
+    legacy = KeyStore(A, KeyLookups()).wrap(REF, data_key, 1)
     assert (
-        KeyStore(MasterKeys((("kb", B), (DEFAULT_MASTER_KEY_ID, A)))).unwrap(REF, legacy, 1)
+        KeyStore(MasterKeys((("kb", B), (DEFAULT_MASTER_KEY_ID, A))), KeyLookups()).unwrap(
+            REF, legacy, 1
+        )
         == data_key
     )
 
 
 def test_bytes_are_the_single_default_key() -> None:
-    assert KeyStore(A).master_keys == MasterKeys.single(A)
+    assert KeyStore(A, KeyLookups()).master_keys == MasterKeys.single(A)
     assert repr(BOTH) == "MasterKeys(ids=['kb', 'ka'])" and str(A) not in repr(BOTH)
 
 

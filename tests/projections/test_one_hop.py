@@ -13,6 +13,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import (
     Erasure,
     ErasureIndex,
@@ -45,7 +46,7 @@ CONVERSATIONS = ("c1", "c2")
 def fused() -> SealingProjection[Any, Any, Any]:
     sealer = Sealer(SCHEMAS, TOPICS, None, 65536, input_specs=(MEMORY_EVENTS,))  # type: ignore[arg-type]
     projection = MemoryProjection(
-        SCHEMAS, TOPICS, 65536, timedelta(hours=1), KeyStore(new_data_key())
+        SCHEMAS, TOPICS, 65536, timedelta(hours=1), KeyStore(new_data_key(), KeyLookups())
     )
     return SealingProjection(sealer, projection)
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from projections.bookkeeping import KeyLookups
 from projections.sealing.codec import SealedCodec
 from projections.sealing.crypto import (
     Unreadable,
@@ -82,7 +83,7 @@ def test_format_2_key_wrapping_tells_apart_what_format_1_confused() -> None:
     assert entity_name(one) == entity_name(other)  # why format 1 is ambiguous
     assert wrap_associated(one, 1) == wrap_associated(other, 1)
     assert wrap_associated(one, 2) != wrap_associated(other, 2)
-    store, data_key = KeyStore(MASTER), new_data_key()
+    store, data_key = KeyStore(MASTER, KeyLookups()), new_data_key()
     wrapped = store.wrap(one, data_key)
     assert store.unwrap(one, wrapped, 2) == data_key
     with pytest.raises(Unreadable):
@@ -96,9 +97,9 @@ def test_format_2_key_wrapping_tells_apart_what_format_1_confused() -> None:
 def test_keys_wrapped_before_format_2_still_open() -> None:
     ref, data_key = ("t1", "memory", "m1"), new_data_key()
     legacy = wrap_key(MASTER, data_key, "t1:memory:m1")  # as written before migration 008
-    assert KeyStore(MASTER).unwrap(ref, legacy, 1) == data_key
+    assert KeyStore(MASTER, KeyLookups()).unwrap(ref, legacy, 1) == data_key
     with pytest.raises(Unreadable):
-        KeyStore(MASTER).unwrap(ref, legacy, 2)
+        KeyStore(MASTER, KeyLookups()).unwrap(ref, legacy, 2)
 
 
 _json_leaf = st.one_of(

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import Erasure, ErasureIndex, memory_key
 from projections.memory.reducer import reduce_batch
 from projections.sealing.codec import SealedCodec
@@ -309,7 +310,7 @@ def test_corrections_sealed_before_1_1_read_their_explicit_null_as_removing_the_
 def test_the_sealer_refuses_an_event_on_the_other_input_topic() -> None:
     topics = TopicNames("p.")
     key = parse_master_key("bWVtcHJvai1kZXZlbG9wbWVudC1vbmx5LWtleS0wMDE=")
-    sealer = Sealer(default_schemas(), topics, KeyStore(key), 65536)
+    sealer = Sealer(default_schemas(), topics, KeyStore(key, KeyLookups()), 65536)
     message = to_message(EventFactory().proposed("t1", "m1"))
     assert sealer.codec.decode(*message, topics.name(MEMORY_EVENTS)).event_type == "memory.proposed"
     with pytest.raises(InvalidMessage) as raised:

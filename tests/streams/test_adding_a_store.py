@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.deletion import lifecycle
 from projections.deletion.coverage import keys_of
 from projections.deletion.erasure import ErasureIndex
@@ -327,10 +327,10 @@ def test_a_deletion_completes_with_its_acknowledgement_and_is_verified_and_audit
             assert "toy" in tombstone.required_stores
             others = [s for s in tombstone.required_stores if s != "toy"]
             await apply(ledger, conn, [ack("d_toy", store) for store in others])
-            (state,) = (await lifecycle.load_states(conn, [key])).values()
+            (state,) = (await lifecycle.load_states(conn, [key], KeyLookups())).values()
             assert not state.completed and state.stores["toy"].status == "pending"
             await apply(ledger, conn, [ack("d_toy", "toy")])
-            (state,) = (await lifecycle.load_states(conn, [key])).values()
+            (state,) = (await lifecycle.load_states(conn, [key], KeyLookups())).values()
             assert state.completed
 
     async def probe_and_audit() -> tuple[dict[str, Any] | None, list[Any]]:

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from projections.access import audit
 from projections.access.policy import allowed
+from projections.bookkeeping import KeyLookups
 from streams.kafka import KafkaPublisher
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
@@ -47,6 +48,7 @@ def test_rows_past_the_retention_are_trimmed(env: Env) -> None:
                     timedelta(days=7),
                     clock=lambda: now,
                     audit_retention=kept,
+                    lookups=KeyLookups(),
                 )
 
             assert await maintenance(None).trim_read_audit() == 0  # kept forever

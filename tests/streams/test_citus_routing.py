@@ -8,6 +8,7 @@ script runs on it (Citus's functions stood in for, since Citus cannot be install
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -16,7 +17,16 @@ from click.testing import CliRunner
 from conftest import Env, settings_environment
 
 from projections.access.proposals import DELETE, PROPOSE
+from projections.admission import store as admission_store
+from projections.bookkeeping import KeyLookups, load_seen
+from projections.conversation import store as conversation_store
+from projections.conversation.context import ContextSettings
+from projections.deletion import guard as erasure_guard
+from projections.deletion import lifecycle
 from projections.distribution import CROSS_TENANT, Placement, citus_sql, placed
+from projections.memory import store as memory_store
+from projections.retention import classes as retention_classes
+from projections.sealing.keys import ever_shredded
 from streams.cli import cli
 from streams.sample import EventFactory
 from support.api_server import serving
@@ -26,29 +36,14 @@ from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 
-# The tables the workers look up for a batch of several tenants' keys in one statement.
-BATCHED_TABLES = {
-    "admission_policies",
-    "conversation_context",
-    "conversation_messages",
-    "conversation_summaries",
-    "conversations",
-    "deletion_requests",
-    "deletion_store_acks",
-    "entity_keys",
-    "erased_entities",
-    "memories",
-    "memory_versions",
-    "processed_events",
-}
+TENANTS = ("acme", "globex")
 
 
 def scenario(env: Env, f: EventFactory) -> None:
     """Two tenants' memories and conversations through the workers, reads and a deletion
     through the API, an operator's look through the CLI."""
-    tenants = ("acme", "globex")
     env.start("memory", "conversation", "deletion")
-    for tenant in tenants:
+    for tenant in TENANTS:
         env.produce_events(
             [
                 f.started(tenant, "c1", ALICE),
@@ -129,6 +124,8 @@ def reset_statements(env: Env) -> None:
 
 
 def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(env: Env) -> None:
+    # As deployed on Citus: a batch's keys looked up by one statement per tenant.
+    env.settings = env.settings.model_copy(update={"lookups_per_tenant": True})
     reset_statements(env)
     scenario(env, recent_factory())
     statements = recorded_statements(env)
@@ -142,11 +139,68 @@ def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(env: Env
     for table in ("memories", "conversation_messages", "deletion_requests", "api_read_audit"):
         assert table in routed, f"the scenario ran no statement on {table}"
     assert {v.cross_tenant for v in verdicts} - {None} <= set(CROSS_TENANT)
-    # The batch lookups (several tenants' keys in one statement) are the one kind left that
-    # Citus runs on every shard: named here so that the count can only go down
-    # (ops/decisions/citus.md, "Batches").
-    batched = sorted({table for v in verdicts for table in v.batch})
-    assert set(batched) <= BATCHED_TABLES, f"new batch lookups of several tenants: {batched}"
+    batched = sorted({f"{v.batch}: {v.query}" for v in verdicts if v.batch})
+    assert batched == [], "statements of several tenants' keys:\n" + "\n".join(batched)
+    assert_lookups_agree(env)
+
+
+def assert_lookups_agree(env: Env) -> None:
+    """Every batch lookup finds the same rows, one statement per tenant or one for all: asked
+    for the scenario's keys of both tenants (and keys of a tenant that has none)."""
+
+    async def compare() -> None:
+        async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:
+            # One snapshot for both (the workers still run); each rebuild of the context
+            # views rolled back.
+            await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+            async with conn.transaction():
+                async with conn.transaction(force_rollback=True):
+                    both = await lookups_of_every_store(conn, KeyLookups(per_tenant=False))
+                async with conn.transaction(force_rollback=True):
+                    each = await lookups_of_every_store(conn, KeyLookups(per_tenant=True))
+        assert each == both
+        for name in ("records", "messages", "deletions", "seen"):
+            assert {key[0] for key in both[name]} == set(TENANTS), name
+
+    asyncio.run(compare())
+
+
+async def lookups_of_every_store(
+    conn: psycopg.AsyncConnection[Any], lookups: KeyLookups
+) -> dict[str, Any]:
+    async def keys(table: str, *columns: str) -> list[Any]:
+        cursor = await conn.execute(f"SELECT tenant_id, {', '.join(columns)} FROM {table}")
+        rows = [tuple(map(str, row)) for row in await cursor.fetchall()]
+        return [*rows, ("nobody", *columns)]
+
+    memories = await keys("memories", "memory_id")
+    conversations = await keys("conversations", "conversation_id")
+    messages = await keys("conversation_messages", "conversation_id", "message_id")
+    deletions = await keys("deletion_requests", "deletion_id")
+    erasures = await keys("erased_entities", "entity_type", "subject_type", "entity_id")
+    events = await keys("processed_events", "event_id")
+    entities = await keys("entity_keys", "entity_type", "entity_id")
+    tenants = [*TENANTS, "nobody"]
+    records = await memory_store.load_records(conn, memories, lookups)
+    return {
+        "records": records,
+        "heads": await memory_store.load_heads(conn, records, lookups),
+        "evidence": await memory_store.evidence_of(conn, memories, lookups),
+        "versions": await memory_store.held_versions(conn, memories, lookups),
+        "messages": await conversation_store.held_messages(conn, messages, lookups),
+        "context": [
+            await conversation_store.rebuild_context(
+                conn, conversations, ContextSettings(), lookups
+            )
+        ],
+        "deletions": await lifecycle.load_states(conn, deletions, lookups),
+        "purges": await lifecycle.purge_times(conn, deletions, lookups),
+        "erasures": (await erasure_guard.read_erasures(conn, erasures, lookups)).rows,
+        "seen": await load_seen(conn, "memory", events, lookups),
+        "shredded": await ever_shredded(conn, entities, lookups),
+        "policies": await admission_store.current_versions(conn, tenants, lookups),
+        "retention": await retention_classes.policies(conn, tenants, None, lookups),
+    }
 
 
 def test_distributed_tables_have_tenant_first_keys_and_tenant_unique_indexes(env: Env) -> None:

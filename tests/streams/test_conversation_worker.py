@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from projections.bookkeeping import KeyLookups
 from projections.conversation import store
 from projections.conversation.context import ContextSettings, build_context
 from projections.conversation.reducer import reduce_batch
@@ -315,10 +316,10 @@ async def apply_batch(
     """One batch as the conversation worker applies it: decode, reduce, save, commit."""
     events = [CODEC.decode(*to_message(raw)) for raw in raws]
     async with conn.transaction():
-        state = await store.load_state(conn, events)  # type: ignore[arg-type]
+        state = await store.load_state(conn, events, KeyLookups())  # type: ignore[arg-type]
         result = reduce_batch(events, state, {})  # type: ignore[arg-type]
         assert not result.rejections, result.rejections
-        return await store.save_batch(conn, result, context)
+        return await store.save_batch(conn, result, context, KeyLookups())
 
 
 async def full_view(conn: Any, context: ContextSettings) -> dict[str, Any]:

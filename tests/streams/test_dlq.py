@@ -11,7 +11,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.deadletters.keys import save_keys
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterSealer, Position
 from projections.sealing.crypto import parse_master_key
@@ -175,7 +175,7 @@ def test_the_deletion_worker_destroys_expired_letter_keys(env: Any) -> None:
 
     async def save(conn: Conn) -> None:
         async with conn.transaction():
-            await save_keys(conn, [row for row, _ in letters])
+            await save_keys(conn, [row for row, _ in letters], KeyLookups())
 
     env.run(save)
 

@@ -19,6 +19,7 @@ from projections.admission import flags as evidence_flags
 from projections.admission import store as admission_store
 from projections.admission.invariants import VersionFacts, violations
 from projections.admission.policy import parse_document
+from projections.bookkeeping import KeyLookups
 from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams import reads
@@ -214,7 +215,7 @@ def assert_invariant(env: Any) -> None:
         VersionFacts(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], tuple(r[8])) for r in rows
     ]
     wanted = {(f.tenant_id, f.policy_version or 0) for f in facts}
-    policies = run(env, lambda c: admission_store.load_policies(c, wanted))
+    policies = run(env, lambda c: admission_store.load_policies(c, wanted, KeyLookups()))
     assert violations(facts, policies, lambda tenant, event: event in held) == []
 
 

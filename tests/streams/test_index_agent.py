@@ -16,7 +16,7 @@ from conftest import Env
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
+from projections.bookkeeping import Conn, KeyLookups
 from projections.deletion.guard import lock_tenants
 from projections.embeddings.indexer import MemoryUpdate
 from projections.embeddings.lance import LanceVectorStore
@@ -64,7 +64,7 @@ def indexer_of(
         TopicNames(env.settings.topic_prefix),
         Metrics(CollectorRegistry()),
         writes,
-        KeyStore(env.settings.worker_master_keys()),
+        KeyStore(env.settings.worker_master_keys(), KeyLookups()),
     )
 
 

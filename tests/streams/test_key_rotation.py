@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from conftest import stop_all
 from pydantic import SecretStr
 
+from projections.bookkeeping import KeyLookups
 from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
@@ -93,7 +94,7 @@ def master_key_ids(env: Any) -> dict[str, dict[str, int]]:
 def open_sealed_log(env: Any, settings: Settings) -> tuple[int, int]:
     """(events that open, events whose key is shredded) of both sealed logs, with the data keys
     unwrapped by ``settings``' master keys only."""
-    keys = KeyStore(settings.worker_master_keys())
+    keys = KeyStore(settings.worker_master_keys(), KeyLookups())
     events = [raw for spec in (MEMORY_SEALED, CONVERSATION_SEALED) for _, raw in env.read(spec)]
     refs = [ref for raw in events if raw for ref in sealing_keys(raw)]
     available = env.run(lambda conn: keys.keys(conn, refs))

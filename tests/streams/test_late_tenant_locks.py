@@ -16,6 +16,7 @@ import pytest
 from conftest import Env
 from prometheus_client import CollectorRegistry
 
+from projections.bookkeeping import PostgresTracking
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.embedder import HashingEmbedder
 from projections.memory.projection import MemoryProjection
@@ -81,14 +82,20 @@ def run_interleaved(
         timedelta(hours=1),
         metrics,
         probes=probe_sealer(settings),
+        lookups=settings.key_lookups,
     )
     published = Publisher()
 
     async def run() -> None:
         dsn = settings.postgres_dsn
         async with make_pool(dsn, 1) as pool, make_pool(dsn, 1) as ledger_pool:
-            memory = ProjectionRunner(stage, pool, published, settings.topics, metrics)
-            deletions = ProjectionRunner(ledger, ledger_pool, Publisher(), settings.topics, metrics)
+            tracking = PostgresTracking(settings.key_lookups)
+            memory = ProjectionRunner(
+                stage, pool, published, settings.topics, metrics, tracking=tracking
+            )
+            deletions = ProjectionRunner(
+                ledger, ledger_pool, Publisher(), settings.topics, metrics, tracking=tracking
+            )
             await memory.apply(messages(env, MEMORY_EVENTS, before, 0), isolation("memory"))
             if deletion is not None:
 

@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from redis import Redis
 from redis.asyncio import RedisCluster
 
+from projections.bookkeeping import KeyLookups
 from projections.cache.keys import TenantKeys
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.lance import LanceVectorStore
@@ -246,7 +247,7 @@ def _plant_topics(env: Any, marker: str) -> None:
 
 def _plant_sealed(env: Any, marker: str) -> tuple[str, str, str]:
     """A memory.proposed sealed with its real data key, on the sealed topic."""
-    keys = KeyStore(parse_master_key(env.settings.master_key))
+    keys = KeyStore(parse_master_key(env.settings.master_key), KeyLookups())
     ref = ("acme", "memory", "m7")
     event = EventFactory().proposed("acme", "m7", value={"secret": marker})
 
@@ -355,7 +356,7 @@ def test_a_planted_marker_is_found_everywhere_and_a_shredded_one_nowhere(env: An
 
     # Shredding the data key makes the sealed copy unreadable: no longer found.
     async def shred_key(conn: psycopg.AsyncConnection[Any]) -> None:
-        await shred(conn, [ref], "del-1")
+        await shred(conn, [ref], "del-1", KeyLookups())
         await conn.commit()
 
     env.run(shred_key)

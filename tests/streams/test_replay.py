@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from projections.bookkeeping import KeyLookups
 from projections.deletion import guard as erasure_guard
 from projections.memory import store as memory_store
 from projections.memory.projection import MemoryProjection
@@ -105,7 +106,7 @@ def test_a_rebuild_after_a_reducer_change_reports_differences_and_swaps_only_on_
         env.settings.topics,
         env.settings.max_memory_value_bytes,
         timedelta(hours=1),
-        KeyStore(parse_master_key(env.settings.master_key)),
+        KeyStore(parse_master_key(env.settings.master_key), KeyLookups()),
     )
     report = asyncio.run(replay_projection(env.settings, changed))
     assert set(report.differences) == {"tenant_0", "tenant_1", "tenant_2"}
@@ -221,7 +222,7 @@ def test_after_an_erasure_nothing_of_the_subject_survives_a_replay_or_the_sealed
     assert "BOB-KEEPS" in everything
 
     # The sealed log, read with a plain consumer: nothing of Alice opens, Bob's still does.
-    keys = KeyStore(parse_master_key(env.settings.master_key))
+    keys = KeyStore(parse_master_key(env.settings.master_key), KeyLookups())
 
     async def all_keys() -> dict[Any, bytes]:
         async with await psycopg.AsyncConnection.connect(env.settings.postgres_dsn) as conn:

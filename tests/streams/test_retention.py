@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from conftest import settings_environment
 from prometheus_client import CollectorRegistry
 
+from projections.bookkeeping import KeyLookups
 from projections.retention import classes
 from streams.cli import cli
 from streams.metrics import Metrics
@@ -176,6 +177,7 @@ def test_two_schedulers_issue_each_erasure_once(env: Any) -> None:
                     env.settings.topics,
                     Metrics(CollectorRegistry()),
                     settings,
+                    lookups=KeyLookups(),
                 )
                 for sink in sinks
             ]

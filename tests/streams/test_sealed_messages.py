@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from projections.bookkeeping import KeyLookups
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.embeddings.vectors import Match, VectorStore, message_entry_id
 from projections.sealing.crypto import parse_master_key
@@ -44,7 +45,7 @@ def published(env: Any) -> list[PublishedMessage]:
 
 
 def data_keys(env: Any, refs: list[EntityRef]) -> dict[EntityRef, bytes]:
-    keys = KeyStore(parse_master_key(env.settings.master_key))
+    keys = KeyStore(parse_master_key(env.settings.master_key), KeyLookups())
 
     async def load(conn: Any) -> dict[EntityRef, bytes]:
         return await keys.keys(conn, refs)

@@ -65,10 +65,10 @@ def test_a_search_ranks_ids_only_and_hydrates_what_it_returns(
     hydrated: list[str] = []
     load_records = memory_store.load_records
 
-    async def watched_load(conn: Any, keys: Iterable[tuple[str, str]]) -> Any:
+    async def watched_load(conn: Any, keys: Iterable[tuple[str, str]], lookups: Any) -> Any:
         keys = list(keys)
         hydrated.extend(memory_id for _, memory_id in keys)
-        return await load_records(conn, keys)
+        return await load_records(conn, keys, lookups)
 
     monkeypatch.setattr(memory_store, "load_records", watched_load)
     watched = Watched(store)

@@ -29,8 +29,9 @@ from projections.distribution import (
 
 MARKER = re.compile(r"/\*\s*cross-tenant:\s*([\w.-]+)\s*\*/")
 ANCHOR = "<tenant>"
-# The tenant column of a batch's key set (``projections.bookkeeping.keyset``: one JSON array
-# of keys, ``r->>0 AS tenant_id``) or of ``tenant_id = ANY(<array>)``: several tenants.
+# The tenant column of a batch's key set (``projections.bookkeeping.KeyLookups`` with several
+# tenants in one statement: one JSON array of keys, ``r->>0 AS tenant_id``) or of
+# ``tenant_id = ANY(<array>)``: several tenants.
 BATCH = "<tenants of a batch>"
 # Statements that touch no table's rows: transactions, settings, locks of the session, DDL
 # (Citus propagates DDL to the shards itself; the migrations run before the scenario).
@@ -43,7 +44,7 @@ class Verdict:
     problems: list[str]
     cross_tenant: str | None = None
     # Distributed tables looked up for a batch's keys of several tenants at once: Citus runs
-    # such a statement on every shard (projections.distribution, "Batches").
+    # such a statement on every shard (ops/decisions/citus.md, "Batches").
     batch: list[str] = field(default_factory=list)
 
     @property

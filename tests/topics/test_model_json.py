@@ -14,6 +14,7 @@ import pydantic_core
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import NO_ERASURES
 from projections.memory.reducer import reduce_batch
 from projections.sealing.keys import KeyStore
@@ -28,7 +29,9 @@ from topics.schemas import default_schemas
 
 MEMORY_TYPES = frozenset(t for t in default_schemas().event_types() if t.startswith("memory."))
 CODEC = EventCodec(default_schemas(), MEMORY_TYPES, {"value": 64 * 1024})
-SEALER = Sealer(default_schemas(), TopicNames(), KeyStore(b"k" * 32), 64 * 1024, (MEMORY_EVENTS,))
+SEALER = Sealer(
+    default_schemas(), TopicNames(), KeyStore(b"k" * 32, KeyLookups()), 64 * 1024, (MEMORY_EVENTS,)
+)
 
 # Hostile text: any code point JSON can carry (no lone surrogates: the producer's JSON encoder
 # refuses them too), control characters, quotes, backslashes, long runs.

@@ -9,6 +9,7 @@ import pytest
 
 from projections.access.policy import WriteBounds
 from projections.access.proposals import PROPOSE
+from projections.bookkeeping import KeyLookups
 from projections.memory import store as memory_store
 from streams.sample import EventFactory
 from support.api_server import ApiServer
@@ -61,7 +62,9 @@ def test_a_bounded_key_writes_within_its_bounds_only(api: ApiServer, events: Eve
     assert post(api, unbounded.token, MEMORY_ROUTE, revoke_risk).status_code == 202
     api.produce_memories([])
     records = api.env.run(
-        lambda conn: memory_store.load_records(conn, [(tenant, "mem_pref"), (tenant, "mem_risk")])
+        lambda conn: memory_store.load_records(
+            conn, [(tenant, "mem_pref"), (tenant, "mem_risk")], KeyLookups()
+        )
     )
     assert {m: (r.status, r.version) for (_, m), r in records.items()} == {
         "mem_pref": ("revoked", 4),
