@@ -39,6 +39,9 @@ pytestmark = pytest.mark.integration
 TENANTS = ("acme", "globex")
 
 
+TOOL_USE = {"type": "tool_use", "id": "tu_1", "name": "search", "input": {"q": "safe"}}
+
+
 def scenario(env: Env, f: EventFactory) -> None:
     """Two tenants' memories and conversations through the workers, reads and a deletion
     through the API, an operator's look through the CLI."""
@@ -50,6 +53,8 @@ def scenario(env: Env, f: EventFactory) -> None:
                 f.message(tenant, "c1", "m1", "user", "I am allergic to peanuts"),
                 f.message(tenant, "c1", "m2", "assistant", "Noted."),
                 f.summary(tenant, "c1", 1, "Allergic to peanuts.", ["m1", "m2"]),
+                f.message(tenant, "c1", "m3", "user", "which restaurants are safe?"),
+                f.message(tenant, "c1", "m4", "assistant", [TOOL_USE]),
             ],
             CONVERSATION_EVENTS,
         )
@@ -61,6 +66,12 @@ def scenario(env: Env, f: EventFactory) -> None:
             ],
             MEMORY_EVENTS,
         )
+    env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
+    # The tool's results in a later batch: the context rebuild looks up the tool_use they
+    # answer (``tool_use_seqs``).
+    for tenant in TENANTS:
+        answer = {"type": "tool_result", "tool_use_id": TOOL_USE["id"], "content": "two"}
+        env.produce_events([f.message(tenant, "c1", "m5", "user", [answer])], CONVERSATION_EVENTS)
     env.wait_caught_up(CONVERSATION_EVENTS, "conversation")
     env.wait_caught_up(MEMORY_EVENTS, "memory")
     with serving(env) as api:
@@ -138,6 +149,7 @@ def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(env: Env
     routed = " ".join(v.query for v in verdicts if v.cross_tenant is None)
     for table in ("memories", "conversation_messages", "deletion_requests", "api_read_audit"):
         assert table in routed, f"the scenario ran no statement on {table}"
+    assert "conversation_tool_use_keys" in routed, "the scenario looked up no earlier tool_use"
     assert {v.cross_tenant for v in verdicts} - {None} <= set(CROSS_TENANT)
     batched = sorted({f"{v.batch}: {v.query}" for v in verdicts if v.batch})
     assert batched == [], "statements of several tenants' keys:\n" + "\n".join(batched)
@@ -159,7 +171,7 @@ def assert_lookups_agree(env: Env) -> None:
                 async with conn.transaction(force_rollback=True):
                     each = await lookups_of_every_store(conn, KeyLookups(per_tenant=True))
         assert each == both
-        for name in ("records", "messages", "deletions", "seen"):
+        for name in ("records", "messages", "deletions", "seen", "tool_uses"):
             assert {key[0] for key in both[name]} == set(TENANTS), name
 
     asyncio.run(compare())
@@ -188,6 +200,9 @@ async def lookups_of_every_store(
         "evidence": await memory_store.evidence_of(conn, memories, lookups),
         "versions": await memory_store.held_versions(conn, memories, lookups),
         "messages": await conversation_store.held_messages(conn, messages, lookups),
+        "tool_uses": await conversation_store.tool_use_seqs(
+            conn, {(tenant, "c1"): {str(TOOL_USE["id"]), "tu_none"} for tenant in tenants}, lookups
+        ),
         "context": [
             await conversation_store.rebuild_context(
                 conn, conversations, ContextSettings(), lookups
