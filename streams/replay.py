@@ -72,7 +72,7 @@ from projections.sealing.keys import KeyStore
 from projections.stores.embeddings import covered_entries
 from streams.failures import Explained, loggable
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
-from streams.kafka import admin_config, consumer_config, failed, input_message
+from streams.kafka import admin_config, consumer_config, failed, gather, input_message
 from streams.metrics import Metrics
 from streams.rebuild import MemoryRebuild, cannot_apply
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface
@@ -232,7 +232,7 @@ def read(
     consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in wanted])
     while wanted:
         batch: list[InputMessage] = []
-        for message in consumer.consume(batch_size, timeout=1.0):
+        for message in gather(consumer, batch_size, 1.0, done=lambda: not wanted):
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
