@@ -8,7 +8,6 @@ group, and every worker is a mode worker (ops/decisions/batch-consumer.md).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -569,10 +568,6 @@ def consumers_per_worker(kind: str) -> int:
     return WORKERS.kinds[kind].consumers
 
 
-# The longest a stopped worker waits for the tasks mode cancelled as it exits: mode's own wait.
-SENTINEL_SECONDS = 1.0
-
-
 class GracefulWorker(mode.Worker):
     """mode's worker (SIGTERM and SIGINT stop it) whose stop begins with the graceful
     shutdown, before any service stops."""
@@ -584,16 +579,6 @@ class GracefulWorker(mode.Worker):
     async def on_stop(self) -> None:
         await self.graceful.begin()
         await super().on_stop()
-
-    async def _sentinel_task(self) -> None:
-        """mode's last step before it closes the loop, once every service has stopped: a
-        fixed one-second sleep that gives the tasks it cancelled time to unwind. Waiting for
-        those tasks instead, within the same second, ends a stopped worker a second sooner
-        (every pod stop and every step of a rolling restart) and unwinds the same tasks."""
-        this = asyncio.current_task()
-        unwinding = [task for task in asyncio.all_tasks() if task is not this]
-        if unwinding:
-            await asyncio.wait(unwinding, timeout=SENTINEL_SECONDS)
 
 
 def build_worker(settings: Settings, kind: str) -> mode.Worker:
