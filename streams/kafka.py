@@ -6,11 +6,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -103,6 +103,29 @@ def input_message(message: Message) -> InputMessage:
     return InputMessage(
         topic, partition, offset, message.key(), message.value(), header_pairs(message.headers())
     )
+
+
+# How often ``gather`` asks the consumer for what has arrived.
+GATHER_POLL_SECONDS = 0.05
+
+
+def gather(
+    consumer: Consumer, count: int, timeout: float, done: Callable[[], bool]
+) -> Iterator[Message]:
+    """What ``consumer.consume(count, timeout)`` returns, but asked for every
+    GATHER_POLL_SECONDS, and ended as soon as ``done()`` (checked between the asks) says that
+    nothing more is wanted. consume() returns only once it has the whole batch or its timeout
+    has passed: a read of fewer messages than a batch would otherwise end a timeout after its
+    last message. A large read still gets batches of ``count``."""
+    deadline = time.monotonic() + timeout
+    taken = 0
+    while taken < count and not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        for message in consumer.consume(count - taken, timeout=min(GATHER_POLL_SECONDS, left)):
+            taken += 1
+            yield message
 
 
 def admin_config(bootstrap: KafkaTarget, **overrides: object) -> dict[str, Any]:

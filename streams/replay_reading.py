@@ -15,7 +15,7 @@ from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from streams.kafka import consumer_config, failed, input_message
+from streams.kafka import consumer_config, failed, gather, input_message
 from streams.settings import Settings
 from topics.messages import InputMessage
 
@@ -106,7 +106,7 @@ def read(
     consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in wanted])
     while wanted:
         batch: list[InputMessage] = []
-        for message in consumer.consume(batch_size, timeout=1.0):
+        for message in gather(consumer, batch_size, 1.0, done=lambda: not wanted):
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import REPO, Env, WorkerProcess, isolated_env
+from conftest import REPO, Env, WorkerProcess, child_environment, isolated_env
 from conftest import settings_environment as plaintext_environment
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -75,7 +75,7 @@ class SecureWorker(WorkerProcess):
         self.user = user
 
     def start(self) -> SecureWorker:
-        environment = dict(os.environ)
+        environment = child_environment()
         environment.update(plaintext_environment(self.settings))
         environment.pop("MEMPROJ_KAFKA_PASSWORD", None)
         environment.update(secure_environment(self.user))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 import psycopg
-from conftest import REPO, Env, settings_environment
+from conftest import REPO, Env, child_environment, settings_environment
 
 from projections.access import keys, purposes
 from projections.access.policy import WriteBounds
@@ -60,7 +59,7 @@ class ApiServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, seconds: float = 60) -> ApiServer:
-        environment = dict(os.environ)
+        environment = child_environment()
         environment.update(settings_environment(self.settings))
         environment["MEMPROJ_API_PORT"] = str(self.port)
         log = self.log_path.open("ab")
