@@ -41,6 +41,12 @@ def directory(test_id: str) -> str:
     return "/".join(module[:-1]) or module[0]
 
 
+def apart(mine: dict[str, float], theirs: dict[str, float]) -> dict[str, float]:
+    """How many tests only ``mine`` holds, and their summed time."""
+    only = set(mine) - set(theirs)
+    return {"tests": len(only), "s": round(sum(mine[t] for t in only), 1)}
+
+
 def compare(before: dict[str, float], after: dict[str, float]) -> dict[str, object]:
     common = sorted(set(before) & set(after))
     per_directory: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
@@ -56,14 +62,8 @@ def compare(before: dict[str, float], after: dict[str, float]) -> dict[str, obje
         "common_before_s": round(before_sum, 1),
         "common_after_s": round(after_sum, 1),
         "common_ratio": round(after_sum / before_sum, 3) if before_sum else None,
-        "only_before": {
-            "tests": len(set(before) - set(after)),
-            "s": round(sum(before[t] for t in set(before) - set(after)), 1),
-        },
-        "only_after": {
-            "tests": len(set(after) - set(before)),
-            "s": round(sum(after[t] for t in set(after) - set(before)), 1),
-        },
+        "only_before": apart(before, after),
+        "only_after": apart(after, before),
         "directories": {
             name: {
                 "tests": int(sums[2]),
