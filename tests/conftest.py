@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -82,6 +83,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that use the stack must carry @pytest.mark.integration: " + ", ".join(offenders)
         )
+    for item in items:
+        if item.path.is_relative_to(API_TESTS):
+            item.add_marker(pytest.mark.xdist_group("api"))
+
+
+# -- several processes (ops/test runs pytest-xdist with --dist loadgroup) ------------------
+
+# The API tests share one server and its workers (tests/streams/api/conftest.py): one process
+# runs them all, so that the server is started once, not once per process.
+API_TESTS = REPO / "tests" / "streams" / "api"
 
 
 # Modules of integration tests only whose collection alone costs seconds: the fuzzing module
@@ -432,7 +443,10 @@ def redis_cluster(stack: Settings) -> Settings:
     here when it is not running: about three seconds, once, for a session that uses it;
     ``ops/stack down`` stops it with the rest."""
     script = str(REPO / "ops" / "redis" / "cluster")
-    started = subprocess.run([script, "up"], capture_output=True, text=True, timeout=180)
+    # Every test process of the session asks for the cluster; one ``up`` at a time, since an
+    # ``up`` that finds a cluster half made by another starts it afresh.
+    with one_at_a_time(stack_dir() / "redis-cluster.lock"):
+        started = subprocess.run([script, "up"], capture_output=True, text=True, timeout=180)
     if started.returncode != 0:
         pytest.fail(f"ops/redis/cluster up failed:\n{started.stdout}{started.stderr}")
     exports = subprocess.run([script, "env"], capture_output=True, text=True, check=True).stdout
@@ -442,6 +456,23 @@ def redis_cluster(stack: Settings) -> Settings:
     return stack.model_copy(
         update={"redis_url": variables["MEMPROJ_REDIS_URL"], "redis_cluster": True}
     )
+
+
+def stack_dir() -> Path:
+    """Where ``ops/stack`` keeps this stack's state (MEMPROJ_STACK_DIR, as ops/stack reads it)."""
+    return Path(os.environ.get("MEMPROJ_STACK_DIR", REPO / ".stack")).resolve()
+
+
+@contextlib.contextmanager
+def one_at_a_time(lock: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``lock`` (shared by every process of the session)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

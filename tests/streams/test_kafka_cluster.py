@@ -28,7 +28,8 @@ from streams.sample import sample_memory_stream
 from streams.settings import Settings
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS
 
-pytestmark = pytest.mark.integration
+# One process of a session runs this module: its fixture starts the cluster and stops it after.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kafka-cluster")]
 
 STACK = str(REPO / "ops" / "stack")
 
