@@ -26,6 +26,11 @@ from typing import Any
 
 DATABASE_CHECK_TTL_SECONDS = 1.5
 HEARTBEAT_INTERVAL_SECONDS = 1.0
+# A stopping worker answers /readyz 503 "shutting down" for at least this long after its stop
+# began, even when it has nothing to drain and its services stop at once (the monitor): a
+# watcher polling /readyz (memproj top, a rolling restart's check between pods) sees the
+# shutdown, not only a refused connection. A worker that takes longer to stop is not held.
+NOT_READY_HOLD_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)

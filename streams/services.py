@@ -40,6 +40,7 @@ from streams.loop import BatchLoop, StopOnce
 from streams.metrics import Metrics
 from streams.probes import (
     HEARTBEAT_INTERVAL_SECONDS,
+    NOT_READY_HOLD_SECONDS,
     DatabaseAnswer,
     GroupMembership,
     ShutdownBudget,
@@ -462,12 +463,13 @@ class GracefulShutdown:
         self.loops = loops
         self.commit = commit
         self.budget = budget
+        self.began: float | None = None  # monotonic time the stop began
 
     async def begin(self) -> None:
         if self.state.stopping:
             return
         self.state.stopping = True
-        started = time.monotonic()
+        self.began = started = time.monotonic()
         watchdog = threading.Timer(self.budget.total_seconds, self._exit_now)
         watchdog.daemon = True
         watchdog.start()
@@ -485,6 +487,12 @@ class GracefulShutdown:
             time.monotonic() - started,
             abandoned,
         )
+
+    async def hold_not_ready(self, seconds: float = NOT_READY_HOLD_SECONDS) -> None:
+        """Waits out what is left of ``seconds`` since the stop began: until then the process
+        keeps answering /readyz "shutting down" (nothing to wait when it never began)."""
+        if self.began is not None:
+            await asyncio.sleep(max(0.0, self.began + seconds - time.monotonic()))
 
     async def _commit_offsets(self) -> None:
         membership = self.state.membership

@@ -8,6 +8,8 @@ group, and every worker is a mode worker (ops/decisions/batch-consumer.md).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -81,6 +83,9 @@ from topics.schemas import default_schemas
 def metrics_port(settings: Settings, default: int) -> int:
     """The port a worker serves /metrics on: its kind's, unless the settings name one."""
     return default if settings.metrics_port is None else settings.metrics_port
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,6 +600,21 @@ class GracefulWorker(mode.Worker):
     async def on_stop(self) -> None:
         await self.graceful.begin()
         await super().on_stop()
+
+    async def _sentinel_task(self) -> None:
+        # mode-streaming 0.7.1: Worker._shutdown_loop awaits this coroutine at every exit,
+        # after the services stopped and the tasks left were cancelled; mode's own is a fixed
+        # asyncio.sleep(1.0). Here the exit waits only for the cancelled tasks to unwind (at
+        # most that second) and for the rest of the not-ready hold. If mode stops calling it,
+        # tests/streams/test_worker.py::test_a_stopped_worker_exits_through_its_own_final_wait
+        # fails.
+        current = asyncio.current_task()
+        unwinding = [task for task in asyncio.all_tasks() if task is not current]
+        left: set[asyncio.Task[Any]] = set()
+        if unwinding:
+            _, left = await asyncio.wait(unwinding, timeout=1.0)
+        await self.graceful.hold_not_ready()
+        log.info("exit: %d of %d tasks unwound", len(unwinding) - len(left), len(unwinding))
 
 
 def build_worker(settings: Settings, kind: str) -> mode.Worker:

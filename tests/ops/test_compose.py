@@ -31,7 +31,8 @@ from streams.cli.deployment import scrape_targets
 from streams.services import open_vector_store
 from streams.settings import Settings
 from streams.worker import METRICS_PORTS, WORKER_KINDS
-from support.api_server import free_port, serving
+from support.api_server import serving
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -28,18 +27,13 @@ from streams.sample import EventFactory
 from streams.worker import CONSUMING_KINDS
 from support.deletion_scenario import wait_verified
 from support.embedders import embedder_of, vectors_of
+from support.ports import free_port
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "ops" / "prometheus" / "alerts.yml"
 DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def binary(name: str) -> str:

@@ -9,7 +9,10 @@ script runs on it (Citus's functions stood in for, since Citus cannot be install
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -29,6 +32,7 @@ from projections.retention import classes as retention_classes
 from projections.sealing.keys import ever_shredded
 from streams.cli import cli
 from streams.sample import EventFactory
+from streams.settings import Settings
 from support.api_server import serving
 from support.deletion_scenario import ALICE, BOB, recent_factory
 from support.routing import judge
@@ -116,11 +120,38 @@ def scenario(env: Env, f: EventFactory) -> None:
         assert result.exit_code == 0, f"{command}: {result.output}"
 
 
-def recorded_statements(env: Env) -> list[tuple[str, int]]:
+@pytest.fixture
+def own_role(stack: Settings) -> Iterator[str]:
+    """A PostgreSQL role of the test's own: pg_stat_statements records who ran a statement,
+    and other tests of the session (in other processes) run theirs on the same server at the
+    same time. Set up before ``env`` and so dropped after its workers have stopped."""
+    role = f"routing_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")  # the stack trusts loopback
+    try:
+        yield role
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def as_role(env: Env, role: str) -> None:
+    """The env's workers, CLI and API connect as ``role`` from now on."""
+    dsn = urlsplit(env.settings.postgres_dsn)
+    netloc = f"{role}@{dsn.netloc.rpartition('@')[2]}"
+    env.settings = env.settings.model_copy(
+        update={"postgres_dsn": urlunsplit(dsn._replace(netloc=netloc)), "postgres_password": None}
+    )
+
+
+def recorded_statements(env: Env, role: str) -> list[tuple[str, int]]:
     with psycopg.connect(env.settings.postgres_dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT s.query, s.calls::int FROM public.pg_stat_statements s"
-            " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database()"
+            " JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid"
+            " WHERE d.datname = current_database() AND r.rolname = %s",
+            (role,),
         ).fetchall()
     return [(str(query), int(calls)) for query, calls in rows]
 
@@ -134,12 +165,15 @@ def reset_statements(env: Env) -> None:
         conn.execute("SELECT public.pg_stat_statements_reset()")
 
 
-def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(env: Env) -> None:
+def test_every_statement_of_the_workers_the_cli_and_the_api_is_routable(
+    own_role: str, env: Env
+) -> None:
     # As deployed on Citus: a batch's keys looked up by one statement per tenant.
     env.settings = env.settings.model_copy(update={"lookups_per_tenant": True})
+    as_role(env, own_role)
     reset_statements(env)
     scenario(env, recent_factory())
-    statements = recorded_statements(env)
+    statements = recorded_statements(env, own_role)
     verdicts = [judge(query) for query, _ in statements]
     unroutable = [f"{v.problems}\n    {v.query}" for v in verdicts if not v.routable]
     assert unroutable == [], "statements Citus cannot route to one tenant:\n" + "\n".join(

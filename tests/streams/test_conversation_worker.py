@@ -17,6 +17,7 @@ from projections.conversation.reducer import reduce_batch
 from projections.memory import store as memory_store
 from streams.sample import EventFactory, to_message
 from support.deadletters import open_topic_letters
+from support.ports import free_port
 from topics.codec import EventCodec
 from topics.registry import (
     CONVERSATION_EVENTS,
@@ -248,14 +249,6 @@ def test_memories_derived_from_a_conversation_are_listed_from_it(env: Any) -> No
     env.wait_caught_up()
     found = read(env, lambda c: memory_store.memories_from_conversation(c, "acme", "c1"))
     assert sorted(r.memory_id for r in found) == ["mem_fixed", "mem_rain"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_message_too_large_once_sealed_is_dead_lettered_and_the_rest_applied(env: Any) -> None:

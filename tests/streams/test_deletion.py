@@ -32,6 +32,7 @@ from support.deletion_scenario import (
     vectors,
     wait_verified,
 )
+from support.ports import free_port
 from topics.registry import (
     DELETION_ACKS,
     DELETION_REQUESTS,
@@ -349,11 +350,3 @@ def test_a_recall_after_the_erasure_leaves_the_verification_clean(env: Any) -> N
 
 
 ALL_KINDS = ("memory", "conversation", "deletion", "embeddings", "summaries", "cache", "context")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

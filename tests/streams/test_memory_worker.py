@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -18,6 +17,7 @@ from projections.memory import store
 from projections.memory.store import RecallQuery
 from streams.sample import EventFactory, sample_memory_stream, to_message
 from support.deadletters import open_topic_letters, opened_original
+from support.ports import free_port
 from topics.registry import (
     MEMORY_CURRENT,
     MEMORY_EVENTS,
@@ -395,12 +395,6 @@ def test_the_worker_exports_the_contract_metrics(env: Any) -> None:
     assert samples[dlq] == 1
     staleness = samples['memproj_projection_staleness_seconds{projection="memory"}']
     assert 0 <= staleness < 120
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_poison_pill_at_the_first_stage_is_a_dead_letter_and_the_stream_goes_on(

@@ -29,7 +29,8 @@ from streams.probes import (
 from streams.sample import EventFactory
 from streams.services import DatabaseProbe, ProbeService, WorkerState
 from support.fakes import Stops, loop_for, message
-from support.probes import free_port, probe, wait_probe
+from support.ports import free_port
+from support.probes import probe, wait_probe
 from topics.messages import InputMessage
 
 UP = DatabaseAnswer(True, "SELECT 1 answered", 0.0)

@@ -25,7 +25,8 @@ from projections.stores import STORES
 from streams.sample import EventFactory
 from streams.settings import Settings
 from support.deletion_scenario import recent_factory, vectors
-from support.probes import free_port, metric_sample, metric_total, probe
+from support.ports import free_port
+from support.probes import metric_sample, metric_total, probe
 from topics.registry import (
     CONVERSATION_EVENTS,
     DELETION_ACKS,

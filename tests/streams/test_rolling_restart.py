@@ -21,7 +21,8 @@ from projections.stores import STORES
 from streams.kafka import admin_config
 from streams.sample import EventFactory, sample_conversation_stream, sample_memory_stream
 from support.deletion_scenario import recent_factory, vectors
-from support.probes import Answer, free_port, metric_sample, metric_total, probe, wait_probe
+from support.ports import free_port
+from support.probes import Answer, metric_sample, metric_total, probe, wait_probe
 from topics.registry import (
     CONVERSATION_EVENTS,
     DELETION_ACKS,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import sys
 import threading
@@ -30,18 +29,13 @@ from streams.api.app import create_app, http_server
 from streams.api.services import ApiServices
 from streams.settings import Settings
 from support.embedders import vectors_of
+from support.ports import free_port
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 
 T = TypeVar("T")
 
 # The workers whose output the read routes serve.
 READ_WORKERS = ("memory", "conversation", "embeddings", "context")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass

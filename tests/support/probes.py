@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.client
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -11,12 +10,6 @@ from typing import Any
 import orjson
 
 Answer = tuple[int, dict[str, Any] | None]
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return int(probe_socket.getsockname()[1])
 
 
 def probe(port: int, path: str) -> Answer | None:
