@@ -30,6 +30,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from projections.cache.keys import glob_literal, key_part
+from projections.deletion import purge
 from projections.memory import store
 from projections.migrate import migrate
 from streams.cli.demo import read_topic
@@ -237,6 +238,24 @@ class Env:
 
     def connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.settings.postgres_dsn, autocommit=True)
+
+    def wait_vacuum_horizon(self) -> None:
+        """Until every snapshot open on the server is younger than every transaction committed
+        so far (the purge duty's own rule, ``projections.deletion.purge``): a VACUUM then
+        removes what they deleted. Other tests' transactions, in the session's other process,
+        hold the horizon back for a while."""
+
+        async def mark_and_passed(mark: int | None) -> tuple[int, bool]:
+            async with await psycopg.AsyncConnection.connect(
+                self.settings.postgres_conninfo, autocommit=True
+            ) as conn:
+                mark = await purge.next_xid(conn) if mark is None else mark
+                return mark, purge.horizon_passed(mark, await purge.horizon(conn))
+
+        mark, _ = asyncio.run(mark_and_passed(None))
+        self.wait_until(
+            lambda: asyncio.run(mark_and_passed(mark))[1], "the vacuum horizon past the changes"
+        )
 
     def produce(self, topic: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> int:
         producer = Producer(producer_config(self.settings.kafka_bootstrap))

@@ -7,6 +7,7 @@ deletion holds its tenant's lock, a tombstone is not kept waiting behind one
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,11 @@ from streams.services import make_pool
 from support.fakes import Publisher
 from support.vector_entries import EMBEDDER, memory
 from topics.registry import TopicNames
+
+# Tenant locks are advisory locks of the database, not of a test's schema: a tenant of this
+# module's own, so that another test's workers (in the session's other process) never hold or
+# wait for the lock these tests look at.
+TENANT = f"tenant-{uuid.uuid4().hex[:8]}"
 
 
 class AskedLock(asyncio.Lock):
@@ -71,7 +77,7 @@ def indexer_of(
 @pytest.mark.integration
 def test_an_index_batch_waiting_for_a_purge_holds_no_tenant_lock(env: Env, tmp_path: Path) -> None:
     vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
-    vectors.upsert([memory("m1", "a fact", "acme", ("user", "u1"))])
+    vectors.upsert([memory("m1", "a fact", TENANT, ("user", "u1"))])
     dsn = env.settings.postgres_dsn
 
     async def run() -> dict[str, Any]:
@@ -79,16 +85,16 @@ def test_an_index_batch_waiting_for_a_purge_holds_no_tenant_lock(env: Env, tmp_p
         async with make_pool(dsn, 1) as pool:
             indexer = indexer_of(env, pool, vectors, writes)
             async with writes:  # a tombstone's purge in progress
-                batch = asyncio.create_task(indexer.index([MemoryUpdate("acme", "m1", None)]))
+                batch = asyncio.create_task(indexer.index([MemoryUpdate(TENANT, "m1", None)]))
                 await writes.waited_for.wait()
-                free_meanwhile = await asyncio.to_thread(tenant_lock_free, dsn, "acme")
+                free_meanwhile = await asyncio.to_thread(tenant_lock_free, dsn, TENANT)
             await batch
         return {"free_meanwhile": free_meanwhile}
 
     result = asyncio.run(run())
 
     assert result["free_meanwhile"]
-    assert vectors.entries("acme") == []  # the batch ran once the purge was done
+    assert vectors.entries(TENANT) == []  # the batch ran once the purge was done
 
 
 def tenant_lock_awaited(dsn: str, tenant: str) -> bool:
@@ -108,7 +114,7 @@ def test_an_index_batch_waiting_for_a_deletion_holds_no_write_lock(
     env: Env, tmp_path: Path
 ) -> None:
     vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
-    vectors.upsert([memory("m1", "a fact", "acme", ("user", "u1"))])
+    vectors.upsert([memory("m1", "a fact", TENANT, ("user", "u1"))])
     dsn = env.settings.postgres_dsn
 
     async def run() -> dict[str, Any]:
@@ -116,35 +122,35 @@ def test_an_index_batch_waiting_for_a_deletion_holds_no_write_lock(
         async with make_pool(dsn, 1) as pool, await psycopg.AsyncConnection.connect(dsn) as ledger:
             indexer = indexer_of(env, pool, vectors, writes)
             async with ledger.transaction():  # a deletion of the tenant, not yet committed
-                await lock_tenants(ledger, ["acme"], exclusive=True)
-                batch = asyncio.create_task(indexer.index([MemoryUpdate("acme", "m1", None)]))
+                await lock_tenants(ledger, [TENANT], exclusive=True)
+                batch = asyncio.create_task(indexer.index([MemoryUpdate(TENANT, "m1", None)]))
                 # until the batch waits for the tenant's lock
                 await asyncio.to_thread(
-                    env.wait_until, lambda: tenant_lock_awaited(dsn, "acme") or None, "a wait"
+                    env.wait_until, lambda: tenant_lock_awaited(dsn, TENANT) or None, "a wait"
                 )
                 write_lock_free_meanwhile = not writes.locked()
-                entries_meanwhile = vectors.entries("acme")
+                entries_meanwhile = vectors.entries(TENANT)
             await batch
         return {"free": write_lock_free_meanwhile, "entries": entries_meanwhile}
 
     result = asyncio.run(run())
 
     assert result["free"] and len(result["entries"]) == 1
-    assert vectors.entries("acme") == []  # indexed once the deletion committed
+    assert vectors.entries(TENANT) == []  # indexed once the deletion committed
 
 
 @pytest.mark.integration
 def test_the_removals_of_an_index_batch_are_one_delete(env: Env, tmp_path: Path) -> None:
     vectors = LanceVectorStore(tmp_path / "vectors", dim=EMBEDDER.dim, model=EMBEDDER.name)
-    vectors.upsert([memory(f"m{n}", f"fact {n}", "acme", ("user", "u1")) for n in range(4)])
+    vectors.upsert([memory(f"m{n}", f"fact {n}", TENANT, ("user", "u1")) for n in range(4)])
     versions_before = vectors.history_versions()
 
     async def run() -> None:
         async with make_pool(env.settings.postgres_dsn, 1) as pool:
             indexer = indexer_of(env, pool, vectors, asyncio.Lock())
-            await indexer.index([MemoryUpdate("acme", f"m{n}", None) for n in range(3)])
+            await indexer.index([MemoryUpdate(TENANT, f"m{n}", None) for n in range(3)])
 
     asyncio.run(run())
 
-    assert [entry.memory_id for entry in vectors.entries("acme")] == ["m3"]
+    assert [entry.memory_id for entry in vectors.entries(TENANT)] == ["m3"]
     assert vectors.history_versions() == versions_before + 1  # one table version, not three

@@ -434,6 +434,7 @@ def test_dead_tuples_are_read_until_a_vacuum_removes_them(env: Any) -> None:
 
     with env.connect() as conn:
         conn.autocommit = True
+        env.wait_vacuum_horizon()
         conn.execute("VACUUM (FREEZE, INDEX_CLEANUP ON) memories, outbox")
     status, found = _audit(env, marker, env.schema, source="postgres")
     assert (status, found["findings"], found["errors"]) == (0, [], []), found

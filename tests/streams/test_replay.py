@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -308,6 +309,10 @@ def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> Non
     """The swap sweeps erased rows and swaps in one window no erasure can enter: an erasure
     that starts meanwhile waits, and one that is under way makes the swap wait."""
 
+    # Tenant locks are the database's, not the test schema's: tenants of this test's own, which
+    # no other test's workers (in the session's other process) lock meanwhile.
+    tenant, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("acme", "other"))
+
     async def scenario() -> tuple[bool, bool]:
         dsn = env.settings.postgres_dsn
         async with (
@@ -319,16 +324,16 @@ def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> Non
                 await erasure_guard.hold_erasures(swap)
                 try:
                     async with erasure.transaction():
-                        await erasure_guard.lock_tenants(erasure, ["acme"], exclusive=True)
+                        await erasure_guard.lock_tenants(erasure, [tenant], exclusive=True)
                     erased_during_swap = True
                 except psycopg.errors.LockNotAvailable:
                     erased_during_swap = False
             async with erasure.transaction():
-                await erasure_guard.lock_tenants(erasure, ["acme"], exclusive=True)
+                await erasure_guard.lock_tenants(erasure, [tenant], exclusive=True)
                 # Projections take tenant locks shared: they never wait on a swap.
                 await swap.execute("SET lock_timeout = '200ms'")
                 async with swap.transaction():
-                    await erasure_guard.lock_tenants(swap, ["other"], exclusive=False)
+                    await erasure_guard.lock_tenants(swap, [other], exclusive=False)
                 try:
                     async with swap.transaction():
                         await erasure_guard.hold_erasures(swap)
