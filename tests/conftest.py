@@ -239,6 +239,18 @@ class Env:
     def connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.settings.postgres_dsn, autocommit=True)
 
+    def own_schemas(self) -> list[str]:
+        """The test's schema and the shadow and retired schemas its replays registered in it
+        (the rest of the database belongs to other tests)."""
+        with psycopg.connect(self.settings.postgres_dsn, autocommit=True) as conn:
+            registry = conn.execute(
+                "SELECT to_regclass(%s)", (f'"{self.schema}".rebuild_schemas',)
+            ).fetchone()
+            if not (registry and registry[0]):
+                return [self.schema]
+            rows = conn.execute(f'SELECT schema_name FROM "{self.schema}".rebuild_schemas')
+            return [self.schema, *sorted(str(name) for (name,) in rows)]
+
     def wait_vacuum_horizon(self) -> None:
         """Until every snapshot open on the server is younger than every transaction committed
         so far (the purge duty's own rule, ``projections.deletion.purge``): a VACUUM then
@@ -439,19 +451,8 @@ def isolated_env(stack: Settings, tmp_path: Path, topic_prefix: str | None = Non
         # collect them (nor the topics below). Only those: another test session on the same
         # stack has schemas of its own.
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            left = set()
-            for each in every:
-                registry = conn.execute(
-                    "SELECT to_regclass(%s)", (f'"{each.schema}".rebuild_schemas',)
-                ).fetchone()
-                if registry and registry[0]:
-                    left |= {
-                        name
-                        for (name,) in conn.execute(
-                            f'SELECT schema_name FROM "{each.schema}".rebuild_schemas'
-                        )
-                    }
-            for name in sorted(left | {each.schema for each in every}):
+            left = {name for each in every for name in each.own_schemas()}
+            for name in sorted(left):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
 

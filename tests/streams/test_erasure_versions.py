@@ -14,18 +14,15 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import pytest
-from click.testing import CliRunner
-from conftest import settings_environment
 
 from projections.access import audit as read_audit
 from projections.access.policy import allowed
 from projections.memory import store as memory_store
-from streams.cli import cli
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.worker import memory_projection
+from support import deletion_scenario
 from support.deletion_scenario import compact_quickly, detail
 from topics.envelope import message_ref
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_CURRENT, MEMORY_EVENTS
@@ -37,12 +34,7 @@ ALICE_CONVERSATION = "support/alice:1"  # a '/' and a ':' in a conversation id
 
 
 def audit(env: Any, marker: str) -> dict[str, Any]:
-    result = CliRunner().invoke(
-        cli, ["audit", "plaintext", "--json", marker], env=settings_environment(env.settings)
-    )
-    assert result.exit_code in (0, 1), result.output
-    report: dict[str, Any] = orjson.loads(result.output)
-    return report
+    return deletion_scenario.audit(env, marker)[1]
 
 
 def readable_outside_windows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -209,6 +209,12 @@ def _plant_tables(env: Any, marker: str, replay: str) -> None:
             (uuid.uuid4(), b"acme:m2", orjson.dumps({"value": {"note": marker}})),
         )
         conn.execute(f"CREATE SCHEMA {replay}")
+        # Registered as a rebuild registers its shadow: the env's teardown drops it.
+        conn.execute(
+            "INSERT INTO rebuild_schemas (schema_name, projection, role)"
+            " VALUES (%s, 'memory', 'shadow')",
+            (replay,),
+        )
         conn.execute(
             f"CREATE TABLE {replay}.rejections (LIKE {env.schema}.rejections INCLUDING DEFAULTS)"
         )

@@ -4,6 +4,7 @@ held in memory, erasures between chunks, against the real Kafka and PostgreSQL."
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -91,7 +92,8 @@ class ShadowRebuild:
         settings = self.env.settings
         async with await psycopg.AsyncConnection.connect(settings.postgres_conninfo) as conn:
             self.live = await shadows.current_schema(conn)
-            self.shadow = f"replay_memory_test_{id(self):x}"
+            # A schema of the database: a name no other test (in any process) has.
+            self.shadow = f"replay_memory_test_{uuid.uuid4().hex[:12]}"
             await shadows.create_shadow(conn, shadows.MEMORY, self.live, self.shadow)
             await rebuilds.register(conn, self.shadow, "memory", "shadow")
             await conn.commit()

@@ -328,6 +328,9 @@ def test_a_swap_holding_the_erasures_lock_makes_an_erasure_wait(env: Any) -> Non
                     erased_during_swap = True
                 except psycopg.errors.LockNotAvailable:
                     erased_during_swap = False
+            # The erasures lock is the database's: this erasure waits as long as another
+            # test's swap (in the session's other process) holds it.
+            await erasure.execute("SET lock_timeout = 0")
             async with erasure.transaction():
                 await erasure_guard.lock_tenants(erasure, [tenant], exclusive=True)
                 # Projections take tenant locks shared: they never wait on a swap.

@@ -189,8 +189,13 @@ def compact_quickly(bootstrap: str, topic: str) -> None:
 
 
 def audit(env: Any, marker: str) -> tuple[int, dict[str, Any]]:
+    """``memproj audit plaintext`` of the test's own schemas (and the shared Kafka, Redis and
+    data directory, where everything is under the test's names): its exit status and report."""
+    schemas = [option for name in env.own_schemas() for option in ("--schema", name)]
     result = CliRunner().invoke(
-        cli, ["audit", "plaintext", "--json", marker], env=settings_environment(env.settings)
+        cli,
+        ["audit", "plaintext", "--json", *schemas, marker],
+        env=settings_environment(env.settings),
     )
     assert result.exit_code in (0, 1), result.output
     return result.exit_code, orjson.loads(result.output)
