@@ -108,12 +108,21 @@ def valid_stream(memories: int, conversations: int) -> tuple[list[Planned], list
 
 
 def _real_entities(messages: Sequence[Planned]) -> list[tuple[str, str]]:
-    found = []
+    """The entities of the valid stream that exist, with their data key, for the whole test:
+    not an id only named by an event for an unknown memory (nothing of it is sealed, so it
+    has no key), nor a memory that expires (its erasure destroys its key while the test runs).
+    A forged seal for either is decided as shredded, not dead-lettered as unopenable."""
+    found, gone = set(), set()
     for planned in messages:
-        if planned.expect is Expect.VALID and planned.key is not None:
-            tenant, _, entity = planned.key.decode().partition(":")
-            found.append((tenant, entity))
-    return sorted(set(found))
+        if planned.expect is not Expect.VALID or planned.key is None:
+            continue
+        tenant, _, entity = planned.key.decode().partition(":")
+        event = orjson.loads(planned.value) if planned.value else {}
+        if planned.kind == "valid:unknown_memory" or event.get("payload", {}).get("expires_at"):
+            gone.add((tenant, entity))
+        else:
+            found.add((tenant, entity))
+    return sorted(found - gone)
 
 
 # -- drawing it all --------------------------------------------------------------------------
