@@ -393,6 +393,9 @@ class Env:
         return asyncio.run(compute())
 
 
+NO_EXPIRY_ERASURE = 100 * 365 * 24 * 3600.0
+
+
 def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Settings, str]:
     schema = f"t_{name}"
     dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
@@ -414,6 +417,12 @@ def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Setti
             "kafka_session_timeout_seconds": 6.0,
             # The tests use the published development master key.
             "environment": "local",
+            # The sample streams' clock is in the past: their expiring memories are long past
+            # expiry and grace, and a retention round (the first comes a minute after the
+            # deletion worker starts) would erase them in whichever test runs that long, so
+            # that a test's outcome would depend on the machine's speed. A test of expiry
+            # erasure sets its own grace (tests/streams/test_retention.py).
+            "expiry_grace_seconds": NO_EXPIRY_ERASURE,
         }
     )
     return settings, schema

@@ -34,16 +34,11 @@ KEY_B = base64.b64encode(b"rotation-test-master-key-B------").decode()
 KINDS = ("memory", "conversation", "deletion")
 
 
-# The sample streams' clock is in the past: their expiring memories are long past expiry and
-# grace, and the deletion worker's retention round would erase (shred) them mid-test. This test
-# counts shredded events, so their expiry erasure waits far longer than the test runs.
-_NO_EXPIRY_ERASURE = 100 * 365 * 24 * 3600.0
-
-
 def with_keys(settings: Settings, keys: str) -> Settings:
-    return settings.model_copy(
-        update={"master_keys": SecretStr(keys), "expiry_grace_seconds": _NO_EXPIRY_ERASURE}
-    )
+    # Its settings are the test's own (conftest.isolated_settings): the sample streams'
+    # expiring memories are not erased mid-test, so that the shredded events counted are the
+    # test's erasures alone.
+    return settings.model_copy(update={"master_keys": SecretStr(keys)})
 
 
 def restart(env: Any, settings: Settings) -> None:
