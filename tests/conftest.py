@@ -13,13 +13,12 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import orjson
 import psycopg
@@ -40,6 +39,7 @@ from streams.sample import RawEvent, to_message
 from streams.services import close_vector_pools
 from streams.settings import Settings
 from support.service_guard import ServiceGuard, unmarked_service_users
+from support.worker_processes import ForkedProcess
 from topics.messages import InputMessage
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS, TopicSpec
 
@@ -153,19 +153,16 @@ class WorkerProcess:
     kind: str
     settings: Settings
     log_path: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: ForkedProcess | None = None
 
-    def start(self) -> WorkerProcess:
+    def environment(self) -> dict[str, str]:
+        """The worker's environment: this process's, with the worker's settings."""
         environment = child_environment()
         environment.update(settings_environment(self.settings))
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "streams", "worker", self.kind],
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
+        return environment
+
+    def start(self) -> Self:
+        self.process = ForkedProcess(["worker", self.kind], self.environment(), self.log_path, REPO)
         return self
 
     def kill(self) -> None:

@@ -74,19 +74,12 @@ class SecureWorker(WorkerProcess):
         super().__init__(kind, settings, log_path)
         self.user = user
 
-    def start(self) -> SecureWorker:
+    def environment(self) -> dict[str, str]:
         environment = child_environment()
         environment.update(plaintext_environment(self.settings))
         environment.pop("MEMPROJ_KAFKA_PASSWORD", None)
         environment.update(secure_environment(self.user))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "streams", "worker", self.kind],
-            env=environment,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        return self
+        return environment
 
 
 @pytest.fixture
