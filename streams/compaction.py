@@ -15,6 +15,18 @@ So the deletion worker that leads its duties checks each partition every
 character) with the header ``memproj: segment-roll``. The append rolls the segment (its first
 record is older than ``segment.ms``), the marker opens the new active segment alone, and
 every real record is in a cleanable one.
+
+A marker proves that roll only when it came more than ``segment.ms`` after the record before
+it. Another producer can append between the check's read and its marker: a null appended
+``segment.ms`` after the segment's first record rolls the segment itself and opens the next
+one, and the marker, milliseconds later, joins it without rolling. Taken as "rolled already",
+that marker would keep the null in the active segment, and the value it erases in the log,
+for as long as the partition stays quiet. So the check reads the record before a marker too,
+and appends another marker once the first one is ``segment.ms`` old: that one rolls. Kafka
+rolls by record timestamps (the segment's first batch against the appended batch), so this
+holds while the partition's timestamps follow append order, as they do with producers'
+clocks in step.
+
 Markers compact away like any other null. To a reader of ``memory.current`` a marker says
 that a memory that never existed is gone: harmless, and memproj's own readers (the
 embeddings index, the cache) remove nothing for it.
@@ -66,12 +78,23 @@ class LastRecord:
     timestamp_ms: int
 
 
-def needs_roll(last: LastRecord | None, now_ms: int, segment_ms: int) -> bool:
+def needs_roll(
+    last: LastRecord | None,
+    now_ms: int,
+    segment_ms: int,
+    previous: LastRecord | None = None,
+) -> bool:
     """Whether a partition needs a marker so that its active segment rolls: it has records,
-    the newest is not a marker (one is enough: the marker that rolled a segment is alone in
-    the next), and it is older than ``segment.ms``, so an append rolls the segment for sure
-    (the segment's first record is at least that old)."""
-    return last is not None and last.key != MARKER_KEY and now_ms - last.timestamp_ms > segment_ms
+    the newest is older than ``segment.ms``, so an append rolls the segment for sure (the
+    segment's first record is at least that old), and it is not a marker that rolled one.
+    A marker rolled the segment when it came more than ``segment.ms`` after ``previous``, the
+    record before it, or when none is left before it (the cleaner removed it, so it was in an
+    older segment): then the marker is alone in the next segment and one is enough."""
+    if last is None or now_ms - last.timestamp_ms <= segment_ms:
+        return False
+    if last.key != MARKER_KEY:
+        return True
+    return previous is not None and last.timestamp_ms - previous.timestamp_ms <= segment_ms
 
 
 def compaction_bound_ms(
@@ -120,21 +143,29 @@ class KafkaSegmentRoller:
             raise failed(metadata.error, f"topic {topic}")
         return sorted(metadata.partitions)
 
-    def last_record(self, topic: str, partition: int) -> LastRecord | None:
+    def last_records(
+        self, topic: str, partition: int
+    ) -> tuple[LastRecord | None, LastRecord | None]:
+        """The partition's newest record and the one at the offset before it (None: empty,
+        or no record at that offset since the cleaner removed it)."""
         low, high = self._consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=self._timeout
         )
         if high <= low:
-            return None
-        self._consumer.assign([TopicPartition(topic, partition, high - 1)])
+            return None, None
+        self._consumer.assign([TopicPartition(topic, partition, max(low, high - 2))])
         try:
+            previous = None
             deadline = time.monotonic() + self._timeout
             while time.monotonic() < deadline:
                 message = self._consumer.poll(0.5)
                 if message is None or message.error() is not None:
                     continue
                 _, timestamp = message.timestamp()
-                return LastRecord(message.key(), int(timestamp))
+                record = LastRecord(message.key(), int(timestamp))
+                if message.offset() == high - 1:
+                    return record, previous
+                previous = record
             raise TimeoutError(f"{topic}[{partition}]: offset {high - 1} not read")
         finally:
             self._consumer.unassign()
@@ -198,8 +229,8 @@ class SegmentRoller(Service):
         segment_ms = self._kafka.segment_ms(topic)
         rolled = []
         for partition in self._kafka.partitions(topic):
-            last = self._kafka.last_record(topic, partition)
-            if needs_roll(last, int(time.time() * 1000), segment_ms):
+            last, previous = self._kafka.last_records(topic, partition)
+            if needs_roll(last, int(time.time() * 1000), segment_ms, previous):
                 self._kafka.append_marker(topic, partition)
                 self._metrics.compaction_rolls.labels(topic).inc()
                 rolled.append(partition)

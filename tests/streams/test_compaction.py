@@ -36,6 +36,7 @@ from projections.bookkeeping import (
 from projections.embeddings.vectors import VectorStoreMissing
 from streams.cli import cli
 from streams.compaction import (
+    MARKER_HEADERS,
     MARKER_KEY,
     KafkaSegmentRoller,
     LastRecord,
@@ -72,6 +73,17 @@ def test_a_quiet_partition_gets_one_marker_once_its_newest_record_is_older_than_
     assert not needs_roll(value, 1_900, 1_000)  # a newer append will still roll it
     assert needs_roll(value, 2_001, 1_000)
     assert not needs_roll(LastRecord(MARKER_KEY, 1_000), 50_000, 1_000)  # rolled already
+
+
+def test_a_marker_rolled_its_segment_only_if_it_came_segment_ms_after_the_record_before() -> None:
+    # A null that rolled the segment itself, then a marker 50 ms later, decided on a read from
+    # before the null: they share the active segment, so another marker follows in time.
+    null, joined = LastRecord(b"acme:m1", 10_000), LastRecord(MARKER_KEY, 10_050)
+    assert not needs_roll(joined, 11_000, 1_000, null)  # a newer append will still roll it
+    assert needs_roll(joined, 11_051, 1_000, null)
+    rolled = LastRecord(MARKER_KEY, 11_100)
+    assert not needs_roll(rolled, 50_000, 1_000, joined)
+    assert not needs_roll(joined, 50_000, 1_000, None)  # the record before it cleaned away
 
 
 def test_the_registry_bounds_compaction_well_within_the_default_deletion_deadline() -> None:
@@ -189,10 +201,9 @@ def test_topics_create_brings_existing_topics_configs_up_to_the_registry(env: An
     assert [(r.detail, r.changes) for r in again] == [("exists", ())]
 
 
-@pytest.mark.integration
-def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) -> None:
-    bootstrap = env.settings.kafka_bootstrap
-    names = TopicNames(env.settings.topic_prefix + "compact.")
+def create_test_sized_topic(env: Any, prefix: str) -> str:
+    """A ``memory.current`` of the test's own, compacted within seconds (``segment.ms`` 1 s)."""
+    names = TopicNames(env.settings.topic_prefix + prefix)
     test_sized = replace(
         MEMORY_CURRENT,
         lifetime=(
@@ -201,8 +212,14 @@ def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) ->
             ("min.compaction.lag.ms", "0"),
         ),
     )
-    create_topics(bootstrap, names, [test_sized], env.settings.topic_replication)
-    topic = names.name(test_sized)
+    create_topics(env.settings.kafka_bootstrap, names, [test_sized], env.settings.topic_replication)
+    return names.name(test_sized)
+
+
+@pytest.mark.integration
+def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) -> None:
+    bootstrap = env.settings.kafka_bootstrap
+    topic = create_test_sized_topic(env, "compact.")
     try:
         producer = Producer(kafka_producer_config(bootstrap))
         secret, stale = b'{"text": "SECRET-erased"}', b'{"text": "STALE-superseded"}'
@@ -240,6 +257,55 @@ def test_an_erased_value_is_gone_from_the_log_after_the_cleaner_ran(env: Any) ->
             "memproj_compaction_rolls_total", {"topic": topic}
         )
         assert rolls is not None and rolls >= 1
+    finally:
+        delete_topics(bootstrap, [topic])
+
+
+@pytest.mark.integration
+def test_a_marker_that_joined_the_segment_a_null_rolled_is_followed_by_one_that_rolls(
+    env: Any,
+) -> None:
+    """A null appended between a roll check's read and its marker rolls the segment itself;
+    the marker joins the null there. The roll check appends another marker, which rolls the
+    segment, and the cleaner removes the erased value."""
+    bootstrap = env.settings.kafka_bootstrap
+    topic = create_test_sized_topic(env, "race.")
+    try:
+        producer = Producer(kafka_producer_config(bootstrap))
+        secret = b'{"text": "SECRET-erased"}'
+        # Timestamps in the past, set by hand, decide Kafka's rolls here whatever the
+        # machine's speed: the null comes 5 s (segment.ms 1 s) after the value and rolls the
+        # segment; the marker, 100 ms after the null, does not.
+        now_ms = int(time.time() * 1000)
+        appended = [
+            (output_key("acme", "m1").encode(), secret, entity_headers("acme", "m1"), 10_000),
+            (output_key("acme", "m1").encode(), None, entity_headers("acme", "m1"), 5_000),
+            (MARKER_KEY, None, MARKER_HEADERS, 4_900),
+        ]
+        for key, value, headers, age_ms in appended:
+            producer.produce(
+                topic,
+                value,
+                key,
+                partition=0,
+                timestamp=now_ms - age_ms,
+                headers=[(n, v.encode()) for n, v in headers],
+            )
+            assert producer.flush(10) == 0  # one batch each: the rolls are decided per batch
+
+        metrics = Metrics(CollectorRegistry())
+        roller = SegmentRoller(KafkaSegmentRoller(bootstrap), [topic], metrics, 1.0)
+
+        def cleaned() -> list[Any] | None:
+            roller.roll_quiet_partitions(topic)
+            log = read_log(bootstrap, topic)
+            return log if secret not in [value for *_, value in log] else None
+
+        env.wait_until(cleaned, "the cleaner removed the erased value", 120)
+        rolls = metrics.registry.get_sample_value(
+            "memproj_compaction_rolls_total", {"topic": topic}
+        )
+        assert rolls == 1  # the marker that rolled is enough
     finally:
         delete_topics(bootstrap, [topic])
 
