@@ -205,10 +205,10 @@ def stop_all(workers: Iterable[WorkerProcess]) -> None:
 
 def child_environment() -> dict[str, str]:
     """The environment of a process a test starts (a worker, the API), before its settings:
-    this one's, but free to cache compiled modules. A session starts hundreds of processes
-    from the same source; with PYTHONDONTWRITEBYTECODE set (some shells and CI images set
-    it), each of them compiled every memproj module again, a fifth of a worker's start-up
-    CPU. Only the first process after a change compiles them now."""
+    this one's, but free to cache compiled modules. The API server and the fork server
+    (support.worker_processes) are fresh interpreters; with PYTHONDONTWRITEBYTECODE set (some
+    shells and CI images set it), each compiled every memproj module again. Only the first
+    process after a change compiles them now. A forked worker imports nothing of its own."""
     environment = dict(os.environ)
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
     return environment
