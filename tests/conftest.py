@@ -205,10 +205,10 @@ def stop_all(workers: Iterable[WorkerProcess]) -> None:
 
 def child_environment() -> dict[str, str]:
     """The environment of a process a test starts (a worker, the API), before its settings:
-    this one's, but free to cache compiled modules. The API server and the fork server
-    (support.worker_processes) are fresh interpreters; with PYTHONDONTWRITEBYTECODE set (some
-    shells and CI images set it), each compiled every memproj module again. Only the first
-    process after a change compiles them now. A forked worker imports nothing of its own."""
+    this one's, but free to cache compiled modules. The API server is a fresh interpreter;
+    with PYTHONDONTWRITEBYTECODE set (some shells and CI images set it), each start compiled
+    every memproj module again. A forked worker (support.worker_processes) imports nothing of
+    its own."""
     environment = dict(os.environ)
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
     return environment
