@@ -176,11 +176,18 @@ def refusal(error: KafkaError) -> tuple[str, str] | None:
     return None if reason is None else (reason, f"{reason}: {error.str()}")
 
 
+# What a group request meets while a new cluster creates and loads ``__consumer_offsets``, and
+# a request of that time that got no answer: librdkafka can keep a FindCoordinator request in
+# flight until the request's own timeout (a busy broker, confluentinc/librdkafka#4605), where
+# a new request is answered once the coordinator is up.
 _COORDINATOR_STARTING = (
     KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._TIMED_OUT,
 )
+# The longest one group request of the startup check may take before it is sent again.
+GROUP_CHECK_ATTEMPT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +265,9 @@ class KafkaCluster:
         admin = AdminClient(self._check_config())
         deadline = time.monotonic() + timeout
         while True:
+            attempt = min(GROUP_CHECK_ATTEMPT_SECONDS, max(0.1, deadline - time.monotonic()))
             try:
-                admin.describe_consumer_groups([group], request_timeout=timeout)[group].result()
+                admin.describe_consumer_groups([group], request_timeout=attempt)[group].result()
                 return
             except KafkaException as exc:
                 error = exc.args[0]

@@ -4,12 +4,16 @@ pure, no broker."""
 from __future__ import annotations
 
 import re
+import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import SecretStr
 
+from streams import kafka_security
 from streams.kafka import admin_config, consumer_config, producer_config
 from streams.kafka_security import (
     KafkaCluster,
@@ -158,3 +162,35 @@ def test_replication_settings_default_to_one_broker_and_are_checked_at_start() -
     assert cluster.topic_replication == TopicReplication(3, 2)
     with pytest.raises(ValueError, match=r"min\.insync\.replicas"):
         Settings(topic_replication_factor=1, topic_min_insync_replicas=2)
+
+
+class _SlowCoordinatorAdmin:
+    """An admin client whose first group requests get no answer (a FindCoordinator request
+    kept in flight by a busy new cluster), and whose next one is answered."""
+
+    timeouts: ClassVar[list[float]] = []
+
+    def __init__(self, config: dict[str, object]) -> None:
+        pass
+
+    def describe_consumer_groups(
+        self, groups: list[str], request_timeout: float
+    ) -> dict[str, Future[object]]:
+        self.timeouts.append(request_timeout)
+        answer: Future[object] = Future()
+        if len(self.timeouts) < 3:
+            answer.set_exception(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+        else:
+            answer.set_result(object())
+        return {groups[0]: answer}
+
+
+def test_the_group_check_asks_again_when_a_request_got_no_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kafka_security, "AdminClient", _SlowCoordinatorAdmin)
+    monkeypatch.setattr(time, "sleep", lambda _seconds: None)
+    _SlowCoordinatorAdmin.timeouts = []
+    KafkaCluster("127.0.0.1:1")._check_group("memproj-memory", timeout=20.0)
+    assert len(_SlowCoordinatorAdmin.timeouts) == 3
+    assert max(_SlowCoordinatorAdmin.timeouts) <= kafka_security.GROUP_CHECK_ATTEMPT_SECONDS
