@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 import psycopg
 
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 
 # The lock of a duty: a 64-bit hash of the schema and the duty's name.
 _KEY = "hashtextextended(coalesce(current_schema(), '') || ':memproj:' || %s, 0)"

@@ -20,9 +20,9 @@ from typing import Literal
 
 from psycopg import errors, sql
 
-from projections.bookkeeping import Conn
 from projections.deletion import coverage
 from projections.deletion.erasure import ErasureScope
+from projections.sql import Conn
 
 Role = Literal["shadow", "retired"]
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from projections.bookkeeping import Conn
 from projections.deletion import coverage
+from projections.sql import Conn
 
 BOOKKEEPING = ("processed_events", "projection_offsets", "rejections", "outbox")
 

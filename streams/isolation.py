@@ -19,10 +19,11 @@ from typing import Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deadletters.keys import LetterKeys, PostgresLetterKeys
 from projections.deadletters.sealing import DeadLetterMessage, LetterSealer, Position, letter_keys
+from projections.outbox import OutboxMessage
 from projections.sealing.crypto import MasterKeys
+from projections.sql import Conn, KeyLookups
 from streams.failures import UNSTORABLE, FailureKind, SystemicFailure, classify, error_code
 from topics.codec import InvalidMessage, encode
 from topics.messages import InputMessage

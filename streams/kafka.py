@@ -20,7 +20,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from projections.bookkeeping import OutboxMessage
+from projections.outbox import OutboxMessage
 from streams.kafka_security import KafkaCluster, KafkaSecurityError
 from topics.messages import InputMessage, header_pairs
 from topics.registry import MESSAGE_MAX_BYTES, TopicNames, TopicReplication, TopicSpec
@@ -168,7 +168,7 @@ class KafkaPublisher:
             # Wait until nothing is in flight before failing (librdkafka fails a message by
             # ``message.timeout.ms`` at the latest): a caller that gives up releases the
             # outbox rows' locks, and an erased value still in flight would then land after
-            # the erasure's null (``projections.bookkeeping.publish_outbox_batch``).
+            # the erasure's null (``projections.outbox.publish_outbox_batch``).
             self._producer.flush()
             raise PublishFailed(f"{remaining} messages not delivered within {timeout}s")
         if errors:

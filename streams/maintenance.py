@@ -18,14 +18,15 @@ from typing import Any
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping, rebuilds
+from projections import outbox, rebuilds
 from projections.access import audit as read_audit
 from projections.admission import flags as evidence_flags
-from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deadletters.keys import destroy_expired
 from projections.deletion import lifecycle, probes, queries
 from projections.deletion.verify import verify
 from projections.memory import store as memory_store
+from projections.outbox import OutboxMessage
+from projections.sql import Conn, KeyLookups
 from projections.stores import DerivedStore
 from streams.coordination import Lease
 from streams.kafka import KafkaPublisher
@@ -137,10 +138,10 @@ class LedgerMaintenance(Service):
                         encode(status),
                     )
                 )
-            batch = await bookkeeping.add_to_outbox(conn, PRODUCER, messages)
+            batch = await outbox.add_to_outbox(conn, PRODUCER, messages)
         await self._publisher.publish(messages)
         async with self._pool.connection() as conn:
-            await bookkeeping.remove_outbox_batch(conn, batch)
+            await outbox.remove_outbox_batch(conn, batch)
         log.warning("redelivered %d overdue tombstones", len(rows))
         return len(rows)
 
@@ -152,10 +153,10 @@ class LedgerMaintenance(Service):
     async def verify_completed(self) -> int:
         async with self._pool.connection() as conn:
             # Anything a crash left in this duty's outbox goes out first.
-            pending = await bookkeeping.pending_outbox(conn, PRODUCER)
+            pending = await outbox.pending_outbox(conn, PRODUCER)
             if pending:
                 await self._publisher.publish([message for _, message in pending])
-                await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
+                await outbox.remove_from_outbox(conn, [row_id for row_id, _ in pending])
             done = 0
             for tenant_id, deletion_id in await lifecycle.unverified(conn):
                 result = await verify(conn, self._stores, tenant_id, deletion_id)
@@ -246,10 +247,10 @@ class LedgerMaintenance(Service):
                         encode(status),
                     )
                 )
-            batch = await bookkeeping.add_to_outbox(conn, PRODUCER, messages)
+            batch = await outbox.add_to_outbox(conn, PRODUCER, messages)
         await self._publisher.publish(messages)
         async with self._pool.connection() as conn:
-            await bookkeeping.remove_outbox_batch(conn, batch)
+            await outbox.remove_outbox_batch(conn, batch)
         log.info("%d deletions purged: no copy left anywhere memproj writes", len(messages))
         return len(messages)
 

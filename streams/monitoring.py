@@ -18,8 +18,8 @@ from typing import Any
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.deletion.audit import audit_ghosts
+from projections.sql import Conn
 from projections.stores import DerivedStore
 from streams.coordination import Lease
 from streams.lag import LagCollector

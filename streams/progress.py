@@ -16,8 +16,8 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from projections import bookkeeping
-from projections.bookkeeping import Conn
+from projections import bookkeeping, outbox
+from projections.sql import Conn
 from streams.kafka import KafkaTarget, admin_config, consumer_config, failed
 from streams.lag import first_visible, watermarks
 from topics.registry import SEALED_TOPICS, TopicNames, TopicSpec
@@ -115,7 +115,7 @@ async def wait_caught_up(
     deadline = time.monotonic() + deadline_seconds
     while True:
         tracked = await bookkeeping.load_offsets(conn, projection)
-        unpublished = len(await bookkeeping.pending_outbox(conn, projection, limit=1))
+        unpublished = len(await outbox.pending_outbox(conn, projection, limit=1))
         await conn.rollback()  # end the read transaction so the next poll sees new commits
         behind = await asyncio.to_thread(progress.behind, tracked)
         if not behind and not unpublished:

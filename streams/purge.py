@@ -18,7 +18,6 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from projections import coordination, rebuilds
-from projections.bookkeeping import Conn
 from projections.deletion import lifecycle
 from projections.deletion.ledger import RequestKey
 from projections.deletion.purge import (
@@ -36,6 +35,7 @@ from projections.deletion.purge import (
     schema_tables,
     trimmed_past,
 )
+from projections.sql import Conn
 from projections.stores import DerivedStore
 from streams.failures import loggable
 from streams.kafka import KafkaTarget, consumer_config, failed

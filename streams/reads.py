@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 
 from projections.access.pauses import check_serving
-from projections.bookkeeping import ONE_TENANT, Conn
 from projections.cache.port import RecallCache
 from projections.conversation import store as conversation_store
 from projections.deletion import guard as erasure_guard
@@ -45,6 +44,7 @@ from projections.embeddings.vectors import (
 )
 from projections.memory import store as memory_store
 from projections.memory.store import RecallQuery
+from projections.sql import ONE_TENANT, Conn
 from topics.outputs import MemoryRecord
 
 

@@ -44,14 +44,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from projections import bookkeeping
-from projections.bookkeeping import Conn, RejectionRow
+from projections import bookkeeping, rejections
 from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
 from projections.memory import store
 from projections.memory.evolve import MemoryKey
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult
+from projections.rejections import RejectionRow
+from projections.sql import Conn
 from streams.failures import Explained, retry_transient
 from topics.codec import InvalidMessage
 from topics.memory import MemoryEvent
@@ -192,7 +193,7 @@ class MemoryRebuild:
         stored = {key for key in outcome.records if key in records}
         await store.save_rebuilt_batch(conn, outcome, stored)
         await projection.save_effects(conn, outcome)
-        await bookkeeping.record_rejections(
+        await rejections.record_rejections(
             conn,
             projection.name,
             [

@@ -52,17 +52,13 @@ from psycopg.conninfo import make_conninfo
 
 from projections import rebuilds
 from projections import shadow as shadows
-from projections.bookkeeping import (
-    Conn,
-    OutboxMessage,
-    PostgresTracking,
-    lock_offsets,
-    pending_outbox,
-)
+from projections.bookkeeping import PostgresTracking, lock_offsets
 from projections.deadletters.keys import UnpublishedLetterKeys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import guard as erasure_guard
 from projections.memory.projection import MemoryProjection
+from projections.outbox import OutboxMessage, pending_outbox
+from projections.sql import Conn
 from streams.isolation import CircuitBreaker, DeadLetters, Isolation
 from streams.metrics import Metrics
 from streams.rebuild import ReplayStopped as ReplayStopped  # part of this module's interface

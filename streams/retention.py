@@ -20,8 +20,8 @@ from typing import Any
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections import bookkeeping, coordination
-from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
+from projections import coordination, outbox
+from projections.outbox import OutboxMessage
 from projections.retention import classes, holds
 from projections.retention import store as schedule_store
 from projections.retention.schedule import (
@@ -30,6 +30,7 @@ from projections.retention.schedule import (
     plan_conversations,
     plan_expiries,
 )
+from projections.sql import Conn, KeyLookups
 from streams.deletion_requests import build_deletion_request
 from streams.kafka import KafkaPublisher
 from streams.metrics import Metrics
@@ -147,11 +148,11 @@ class RetentionScheduler(Service):
             recorded = await schedule_store.record_issued(conn, issues, now)
             issued = [issue for issue in issues if issue.deletion_id in recorded]
             messages = [request_message(issue, self._topics) for issue in issued]
-            batch = await bookkeeping.add_to_outbox(conn, PRODUCER, messages)
+            batch = await outbox.add_to_outbox(conn, PRODUCER, messages)
         if messages:
             await self._publisher.publish(messages)
             async with self._pool.connection() as conn:
-                await bookkeeping.remove_outbox_batch(conn, batch)
+                await outbox.remove_outbox_batch(conn, batch)
             log.info(
                 "retention issued %d erasures (%d conversations, %d expired memories)",
                 len(issued),
@@ -163,10 +164,10 @@ class RetentionScheduler(Service):
     async def _publish_left_over(self) -> None:
         """What a crash left in the schedule's outbox goes out first."""
         async with self._pool.connection() as conn:
-            pending = await bookkeeping.pending_outbox(conn, PRODUCER)
+            pending = await outbox.pending_outbox(conn, PRODUCER)
             if pending:
                 await self._publisher.publish([message for _, message in pending])
-                await bookkeeping.remove_from_outbox(conn, [row_id for row_id, _ in pending])
+                await outbox.remove_from_outbox(conn, [row_id for row_id, _ in pending])
 
     async def refresh_metrics(self) -> None:
         now = self._clock()

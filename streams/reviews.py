@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.conversation.reducer import MessageRecord
 from projections.memory import store as memory_store
 from projections.memory.store import PendingReview
+from projections.sql import Conn
 from streams.own_events import InvalidEvent, build_event
 from topics.api.models import EvidenceMessage, ReviewDiff
 from topics.envelope import ActorType

@@ -46,9 +46,12 @@ from typing import Generic, Protocol, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, OutboxMessage, RejectionRow, Tracking
+from projections.bookkeeping import Tracking
 from projections.idempotency import EventKey
+from projections.outbox import OutboxMessage
 from projections.outcome import Outcome
+from projections.rejections import RejectionRow
+from projections.sql import Conn
 from streams.failures import OversizedOutput, retry_transient
 from streams.isolation import Failure, Isolation, message_failure, stage
 from streams.metrics import Metrics

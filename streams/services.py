@@ -24,7 +24,6 @@ from mode import Service
 from prometheus_client import make_wsgi_app
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache, RedisClient
 from projections.cache.store import connect as connect_redis
 from projections.embeddings import factory
@@ -32,6 +31,7 @@ from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import VectorStore, VectorTables
 from projections.migrate import migrate
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn
 from projections.stores.base import VectorShadows
 from streams.consumer import KafkaBatchSource
 from streams.failures import loggable

@@ -17,11 +17,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from projections.bookkeeping import KeyLookups
 from projections.conversation.context import ContextSettings
 from projections.embeddings.factory import EmbedderIdentity, EmbedderKind, embedder_identity
 from projections.embeddings.vectors import SearchMode, VectorStoreKind
 from projections.sealing.crypto import MasterKeys, parse_master_key, parse_master_keys
+from projections.sql import KeyLookups
 from streams.consumer import GroupConsumerSettings
 from streams.kafka_security import KafkaCluster, KafkaSecurity, SaslMechanism, SecurityProtocol
 from streams.loop import BatchLimits, BreakerSettings

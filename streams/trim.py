@@ -38,7 +38,8 @@ from confluent_kafka.admin import AdminClient
 from mode import Service
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, Position, load_offsets
+from projections.bookkeeping import Position, load_offsets
+from projections.sql import Conn
 from streams.coordination import Lease, in_postgres
 from streams.failures import loggable
 from streams.kafka import KafkaTarget, admin_config

@@ -21,13 +21,7 @@ from mode import Service
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import (
-    Conn,
-    HandoverTracking,
-    KeyLookups,
-    PostgresTracking,
-    Tracking,
-)
+from projections.bookkeeping import HandoverTracking, PostgresTracking, Tracking
 from projections.conversation.projection import ConversationProjection
 from projections.deletion.projection import LedgerProjection
 from projections.embeddings.lance_writer import LanceWriterLock
@@ -36,6 +30,7 @@ from projections.sealing.fused import SealingProjection
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
 from projections.sealing.sealer import Sealer
+from projections.sql import Conn, KeyLookups
 from projections.stores import STORES, DerivedStore, StoreRegistry
 from streams.agents.cache import CacheFreshness
 from streams.agents.index import EmbeddingsIndexer

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 # ops/bench/*.py, beside this script
 from environment import drop, isolated, percentile, prepare
 
-from projections.bookkeeping import OutboxMessage
+from projections.outbox import OutboxMessage
 from streams.kafka import DeliveringProducer, KafkaPublisher
 from streams.settings import Settings
 from topics.registry import DELETION_REQUESTS

@@ -32,10 +32,10 @@ import psycopg
 from environment import drop, isolated, percentile, prepare
 
 from projections.access import pauses
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.memory.store import RecallQuery
+from projections.sql import Conn
 from streams import reads
 from streams.settings import Settings
 

@@ -23,9 +23,9 @@ from typing import Any
 import psycopg
 from environment import print_and_save  # ops/bench/environment.py, beside this script
 
-from projections.bookkeeping import KeyLookups
 from projections.conversation.store import tool_use_seqs
 from projections.migrate import migrate
+from projections.sql import KeyLookups
 
 
 def tenant_of(i: int) -> str:

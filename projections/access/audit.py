@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from projections.access.policy import ReadDecision
-from projections.bookkeeping import Conn
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
+from projections.sql import Conn
 
 
 def subject_read(subject_type: str, subject_id: str) -> str:

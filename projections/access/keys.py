@@ -20,7 +20,7 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from projections.access.policy import WriteBounds
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 
 PREFIX = "mpk"
 SECRET_BYTES = 32

@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import Conn
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.redaction import redact_text
+from projections.sql import Conn
 
 Action = Literal["pause", "resume"]
 

@@ -42,8 +42,8 @@ from typing import Any, Final, cast, get_args
 import orjson
 
 from projections.access.policy import PolicyRefusal, WriteBounds, check_purpose
-from projections.bookkeeping import Conn
 from projections.memory.evolve import REVIEWER_TYPES
+from projections.sql import Conn
 from topics.envelope import ActorType
 
 PROPOSE: Final = "propose"

@@ -9,8 +9,8 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from projections.access.policy import PurposePolicy
-from projections.bookkeeping import Conn
 from projections.distribution import cross_tenant
+from projections.sql import Conn
 
 
 def _policy(row: dict[str, Any]) -> PurposePolicy:

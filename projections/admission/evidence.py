@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 
 from projections.admission import store as admission_store
 from projections.admission.policy import DERIVED_SOURCE_TYPES, Policy
-from projections.bookkeeping import Conn, KeyLookups
 from projections.conversation import store as conversation_store
 from projections.idempotency import EventKey
 from projections.memory import store as memory_store
+from projections.sql import Conn, KeyLookups
 from topics.envelope import Envelope
 from topics.memory import (
     AdmissionStamp,

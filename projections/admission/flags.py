@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.memory import store as memory_store
+from projections.sql import Conn
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from projections.admission.policy import (
     PolicyDocument,
     parse_document,
 )
-from projections.bookkeeping import Conn, KeyLookups
+from projections.sql import Conn, KeyLookups
 
 
 @dataclass(frozen=True, slots=True)

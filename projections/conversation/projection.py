@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from projections.bookkeeping import Conn, OutboxMessage
 from projections.conversation import store
 from projections.conversation.context import ContextSettings
 from projections.conversation.published import encode_record, entity_of_message
@@ -17,9 +16,11 @@ from projections.conversation.reducer import (
 )
 from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey
+from projections.outbox import OutboxMessage
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
+from projections.sql import Conn
 from topics.codec import EventCodec
 from topics.conversation import ConversationEvent
 from topics.messages import InputMessage

@@ -10,7 +10,6 @@ from typing import Any, LiteralString
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from projections.conversation.context import (
     ContextSettings,
     NoFinishedTurns,
@@ -31,6 +30,7 @@ from projections.conversation.reducer import (
 )
 from projections.deletion.erasure import ErasureScope
 from projections.memory import store as memory_store
+from projections.sql import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from topics.conversation import ConversationEvent, MessageAdded, SummaryUpdated
 
 CONVERSATION_FIELDS = (

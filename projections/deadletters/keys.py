@@ -18,13 +18,13 @@ from typing import Any, Literal, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, KeyLookups
 from projections.deadletters.owner import LetterOwner
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterKey, LetterSealer
 from projections.deletion import guard as erasure_guard
 from projections.deletion.erasure import ErasureScope
 from projections.sealing.crypto import DEFAULT_MASTER_KEY_ID
 from projections.sealing.rewrap import Rewrapped, rewrap_keys
+from projections.sql import Conn, KeyLookups
 from topics.envelope import Subject
 from topics.registry import keys_of
 

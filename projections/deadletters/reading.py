@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from projections.bookkeeping import Conn
 from projections.deadletters.keys import key_state, load_keys
 from projections.deadletters.sealing import LetterSealer, Opened, Position
 from projections.sealing.crypto import Unreadable
+from projections.sql import Conn
 from topics.outputs import DeadLetter
 
 # What a reader finds: a key state, a letter written before sealing ("plaintext": its

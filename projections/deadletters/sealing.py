@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 
 import orjson
 
-from projections.bookkeeping import OutboxMessage
 from projections.deadletters.owner import LetterOwner, owner_of
+from projections.outbox import OutboxMessage
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
     KeyWrapping,

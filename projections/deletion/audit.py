@@ -16,9 +16,9 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from projections import rebuilds
-from projections.bookkeeping import Conn
 from projections.deletion import guard, lifecycle
 from projections.deletion.erasure import ErasureIndex, ErasureRow, erasure_row, latest_erasures
+from projections.sql import Conn
 from projections.stores import STORES, DerivedStore, StoreRegistry
 
 EXAMPLES = 10

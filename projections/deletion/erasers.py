@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
-from projections import bookkeeping, rebuilds
+from projections import rebuilds, rejections
 from projections.access import audit as read_audit
 from projections.access import pauses
 from projections.admission import flags as evidence_flags
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deadletters import keys as letter_keys
 from projections.deletion.erasure import ErasureScope
@@ -28,6 +27,7 @@ from projections.deletion.ledger import LedgerEntry
 from projections.memory import current as memory_current
 from projections.memory import store as memory_store
 from projections.sealing import keys as entity_keys
+from projections.sql import Conn
 
 Eraser = Callable[[Conn, ErasureScope], Awaitable[None]]
 
@@ -62,7 +62,7 @@ ERASERS = Erasers(
         ("memories", memory_store.erase),
         ("conversations", conversation_store.erase),
         ("data keys", entity_keys.erase),
-        ("rejections", bookkeeping.erase_rejections),
+        ("rejections", rejections.erase_rejections),
         ("rebuild copies", rebuilds.erase),
         ("dead letters", letter_keys.erase),
         ("read audit", read_audit.erase_reads),

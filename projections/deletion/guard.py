@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from projections.bookkeeping import Conn, KeyLookups, copy_new_rows
 from projections.deletion.erasure import (
     EntityKey,
     ErasureIndex,
@@ -25,6 +24,7 @@ from projections.deletion.erasure import (
     erasure_row,
     latest_erasures,
 )
+from projections.sql import Conn, KeyLookups, copy_new_rows
 
 
 async def lock_tenants(conn: Conn, tenants: Iterable[str], *, exclusive: bool) -> None:

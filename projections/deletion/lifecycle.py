@@ -13,10 +13,10 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from projections.bookkeeping import Conn, KeyLookups, copy_new_rows
 from projections.deletion import probes
 from projections.deletion.ledger import LedgerEntry, RequestKey, RequestState
 from projections.distribution import cross_tenant
+from projections.sql import Conn, KeyLookups, copy_new_rows
 from topics.deletion import DeletionTarget, StoreState, Tombstone
 
 OUTCOME_ROWS = "SELECT tenant_id, deletion_id, deadline_at, completed_at FROM deletion_requests"

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from projections.bookkeeping import Conn, copy_rows
 from projections.deletion.ledger import LedgerEntry
 from projections.distribution import cross_tenant
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn, copy_rows
 
 ProbeId = tuple[str, str, str, str]
 """A probe's key: tenant, deletion, item type, item id."""

@@ -11,7 +11,6 @@ from typing import Protocol
 import orjson
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deletion import erasers, guard, lifecycle, store
 from projections.deletion import probes as deletion_probes
 from projections.deletion.ledger import (
@@ -29,8 +28,10 @@ from projections.embeddings.embedder import Embedder
 from projections.idempotency import EventKey
 from projections.memory import store as memory_store
 from projections.memory.current import current_message, erased_messages, sharing_old_key
+from projections.outbox import OutboxMessage
 from projections.retention import holds as legal_holds
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn, KeyLookups
 from projections.stores import STORES, StoreRegistry
 from topics.codec import EventCodec, InvalidMessage, encode
 from topics.deletion import Acknowledgement, DeletionRequested

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.deletion.ledger import RequestKey
+from projections.sql import Conn
 from topics.deletion import Tombstone
 
 # The places outside the derived stores (each store is a place of its own, by its name).

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 
 
 async def count_blocked_read(conn: Conn, store: str, count: int) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deletion import guard, lifecycle
 from projections.deletion.ledger import LedgerEntry, ResolvedTarget
 from projections.embeddings.embedder import memory_text, message_text
 from projections.memory import store as memory_store
+from projections.sql import Conn
 from topics.deletion import DeletionTarget
 
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from projections import rebuilds
-from projections.bookkeeping import Conn
 from projections.deletion import coverage, lifecycle
 from projections.memory import store as memory_store
+from projections.sql import Conn
 from projections.stores.base import DerivedStore
 
 # What the authoritative projections still hold of an erased target, table by table.

@@ -12,9 +12,10 @@ memory ``b:m``), that memory's record is published again after the null.
 
 from __future__ import annotations
 
-from projections.bookkeeping import Conn, OutboxMessage, remove_pending_messages
 from projections.deletion.erasure import ErasureScope
 from projections.memory.evolve import MemoryKey
+from projections.outbox import OutboxMessage, remove_pending_messages
+from projections.sql import Conn
 from topics.codec import encode
 from topics.outputs import MemoryRecord
 from topics.registry import (

@@ -8,7 +8,6 @@ from datetime import timedelta
 
 from projections.admission import store as admission_store
 from projections.admission.policy import AdmissionObserver, Policy
-from projections.bookkeeping import Conn, KeyLookups, OutboxMessage
 from projections.deletion import guard as erasure_guard
 from projections.deletion import store as deletion_store
 from projections.deletion.erasure import ErasureIndex
@@ -19,9 +18,11 @@ from projections.memory import store
 from projections.memory.current import current_message
 from projections.memory.evolve import MemoryKey, PolicyKey
 from projections.memory.reducer import BatchResult, erasure_keys, reduce_batch
+from projections.outbox import OutboxMessage
 from projections.redaction import RedactionObserver
 from projections.sealing.codec import SealedCodec
 from projections.sealing.keys import KeyStore, shred_refused
+from projections.sql import Conn, KeyLookups
 from topics.codec import EventCodec
 from topics.memory import MemoryEvent
 from topics.messages import InputMessage

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.memory.evolve import MemoryKey, MemoryVersion
 from projections.memory.reducer import BatchResult
+from projections.sql import ONE_TENANT, Conn, KeyLookups, copy_rows, staging_table
 from topics.outputs import ELIGIBLE_STATUSES, MemoryRecord, MemoryStatus
 
 RECORD_COLUMNS = (

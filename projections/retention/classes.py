@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from projections.bookkeeping import Conn, KeyLookups
 from projections.distribution import cross_tenant
 from projections.retention.schedule import TENANT_DEFAULT, Period, Policy
+from projections.sql import Conn, KeyLookups
 
 # The period of a row's class, in seconds, for the queries that narrow rows down by it in SQL
 # (the retention schedule's): the tenant's class, else the tenant's default, else the

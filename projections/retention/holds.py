@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deletion import store as deletion_store
 from projections.deletion.ledger import HeldBy, ResolvedTarget, held_by
 from projections.distribution import cross_tenant
 from projections.memory import store as memory_store
+from projections.sql import Conn
 from topics.deletion import DeletionTarget
 
 HoldTarget = Literal["subject", "conversation"]

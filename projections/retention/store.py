@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
 from projections.deletion import lifecycle
 from projections.distribution import cross_tenant
@@ -25,6 +24,7 @@ from projections.retention.schedule import (
     MemoryDue,
     Period,
 )
+from projections.sql import Conn
 
 EXPIRED_MEMORIES = "expired memories"
 """The receipt's line for memories erased after their expiry (they have no class)."""

@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 
-from projections.bookkeeping import Conn
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import (
     EntityRef,
@@ -18,6 +17,7 @@ from projections.sealing.fields import (
     with_placeholders,
 )
 from projections.sealing.keys import KeyStore
+from projections.sql import Conn
 from topics.codec import EventCodec, InvalidMessage, check_faithful
 from topics.envelope import Envelope
 from topics.outputs import DeadLetterReason

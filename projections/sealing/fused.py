@@ -32,11 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import guard as erasure_guard
 from projections.idempotency import EventKey, ProcessedEvent
+from projections.outbox import OutboxMessage
 from projections.outcome import Outcome
 from projections.sealing.sealer import Sealed, Sealer, SealingState
+from projections.sql import Conn
 from topics.codec import EventCodec
 from topics.envelope import Envelope
 from topics.messages import InputMessage

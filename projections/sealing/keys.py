@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from projections.bookkeeping import ONE_TENANT, Conn, KeyLookups
 from projections.deletion.erasure import ErasureScope
 from projections.distribution import cross_tenant
 from projections.sealing.crypto import (
@@ -35,6 +34,7 @@ from projections.sealing.crypto import (
 )
 from projections.sealing.fields import SOURCE_KEY_ENTITY, EntityRef, entity_name
 from projections.sealing.rewrap import Rewrapped, rewrap_keys
+from projections.sql import ONE_TENANT, Conn, KeyLookups
 
 WRAP_FORMAT = 2
 _WRAPPING_PURPOSE = b"memproj/entity-key-wrapping/v2"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 
 # A selected row -> the update's parameters, and the id of the master key it leaves.
 RewrapRow = Callable[[tuple[Any, ...]], tuple[tuple[Any, ...], str]]

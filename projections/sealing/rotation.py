@@ -19,13 +19,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from projections.bookkeeping import Conn
 from projections.deadletters.keys import count_letter_keys_not_newest, rewrap_letter_keys
 from projections.deadletters.sealing import LetterSealer
 from projections.deletion import probes as stored_probes
 from projections.sealing.crypto import Unreadable
 from projections.sealing.keys import KeyStore, count_not_newest, rewrap_batch
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn
 
 DEFAULT_BATCH = 500
 # A pass leaves rows that workers held; the next pass takes them. Bounded: a row held for

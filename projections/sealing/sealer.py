@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import orjson
 
 from projections.admission.evidence import Stamps, read_stamps
-from projections.bookkeeping import Conn, OutboxMessage
 from projections.deletion import guard as erasure_guard
 from projections.deletion.erasure import (
     EntityKey,
@@ -30,6 +29,7 @@ from projections.deletion.erasure import (
     memory_key,
 )
 from projections.idempotency import EventKey, ProcessedEvent
+from projections.outbox import OutboxMessage
 from projections.sealing.crypto import new_data_key
 from projections.sealing.fields import (
     EntityRef,
@@ -41,6 +41,7 @@ from projections.sealing.fields import (
     with_placeholders,
 )
 from projections.sealing.keys import KeyStore
+from projections.sql import Conn
 from topics.codec import EventCodec
 from topics.envelope import Envelope, Source
 from topics.messages import InputMessage

@@ -20,12 +20,12 @@ from typing import ClassVar, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.purge import PurgeCheck, PurgedAtAck
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn
 from topics.deletion import TargetType, Tombstone
 
 ALL_TARGETS: frozenset[TargetType] = frozenset({"subject", "conversation", "memory"})

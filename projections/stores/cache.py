@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from projections.bookkeeping import Conn
 from projections.cache.entries import Holdings
 from projections.cache.port import RecallCache
 from projections.deletion.derived import subject_of
 from projections.deletion.erasure import ErasureIndex
+from projections.sql import Conn
 from projections.stores.base import DerivedStore, Erased, StoreResources
 from topics.deletion import Tombstone
 

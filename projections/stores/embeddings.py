@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TypeVar
 
-from projections.bookkeeping import Conn
 from projections.deletion import probes as deletion_probes
 from projections.deletion.coverage import keys_of
 from projections.deletion.derived import erased_by, erased_by_each, first_claims, match_of
@@ -23,6 +22,7 @@ from projections.embeddings.vectors import (
     memory_entry_id,
 )
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn
 from projections.stores.base import (
     DerivedStore,
     Erased,

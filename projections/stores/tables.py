@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.deletion import coverage
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.purge import PurgeCheck, TablesVacuumed, live_tables, of_stores
+from projections.sql import Conn
 from projections.stores.base import CONVERSATION_TARGETS, DerivedStore, Erased, StoreResources
 from topics.deletion import Tombstone
 

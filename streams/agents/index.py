@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn, OutboxMessage
 from projections.conversation import store as conversation_store
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.sealing import Position
@@ -32,9 +31,11 @@ from projections.embeddings.indexer import (
 )
 from projections.embeddings.vectors import VectorStore, check_embedder
 from projections.memory import store as memory_store
+from projections.outbox import OutboxMessage
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore, ever_shredded
+from projections.sql import Conn
 from streams.isolation import Isolation, position, stage
 from streams.metrics import Metrics
 from streams.runner import Publisher

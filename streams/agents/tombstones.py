@@ -22,8 +22,8 @@ from functools import partial
 
 from pydantic import ValidationError
 
-from projections.bookkeeping import OutboxMessage
 from projections.deadletters.sealing import Position
+from projections.outbox import OutboxMessage
 from projections.stores import STORES, StoreRegistry
 from projections.stores.base import DerivedStore, Erased
 from streams.failures import FailureKind, classify, loggable, retry_transient

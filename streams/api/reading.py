@@ -16,7 +16,7 @@ from fastapi import Request
 from projections.access import audit
 from projections.access.pauses import SubjectPaused
 from projections.access.policy import DENIED, PolicyRefusal, PurposePolicy, ReadDecision
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 from streams.api.auth import Principal, policy_of
 from streams.api.errors import ApiError
 from streams.api.metrics import template_of

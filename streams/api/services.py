@@ -15,12 +15,12 @@ from functools import cached_property
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache, RedisClient
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.embedder import Embedder
 from projections.embeddings.vectors import VectorStore
 from projections.migrate import migrate
+from projections.sql import Conn
 from streams.api.limits import RateLimit
 from streams.api.metrics import ApiMetrics
 from streams.kafka import DeliveringProducer

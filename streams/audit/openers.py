@@ -20,13 +20,13 @@ from typing import Any, Protocol
 import orjson
 from pydantic import ValidationError
 
-from projections.bookkeeping import Conn
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
 from projections.sealing.crypto import Unreadable
 from projections.sealing.fields import EntityRef, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
+from projections.sql import Conn
 from streams.audit.plaintext import TopicKind, TopicRecord, parse_json
 from topics.outputs import DeadLetter
 

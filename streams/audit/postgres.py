@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from psycopg import errors, sql
 
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 from streams.audit.plaintext import Hit, Matcher, PlaceKind, Report
 
 MIGRATION_TABLE = "schema_migrations"

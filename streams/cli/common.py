@@ -13,8 +13,8 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from projections.access.pauses import SubjectPaused
-from projections.bookkeeping import Conn
 from projections.migrate import migrate
+from projections.sql import Conn
 from streams.kafka import producer_config
 from streams.settings import Settings
 from topics.registry import TopicSpec

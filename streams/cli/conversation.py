@@ -8,11 +8,11 @@ from typing import Any
 import click
 
 from projections.access.pauses import SubjectPaused
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.conversation import store
 from projections.memory import store as memory_store
+from projections.sql import Conn
 from streams import reads
 from streams.cli.common import echo_json, paused_refusal, settings_of, with_connection
 

@@ -10,10 +10,10 @@ from typing import Any
 import click
 import psycopg
 
-from projections import bookkeeping
-from projections.bookkeeping import Conn
+from projections import rejections
 from projections.deletion import lifecycle
 from projections.retention import holds as legal_holds
+from projections.sql import Conn
 from streams.cli.common import echo_json, publish, settings_of, talks_to_kafka, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.deletion_requests import InvalidDeletionRequest, build_deletion_request
@@ -171,7 +171,7 @@ def deletion_status(
     details = with_connection(settings_of(ctx), load)
     if not details and tenant is not None:
         refusal = with_connection(
-            settings_of(ctx), lambda conn: bookkeeping.legal_hold_refusal(conn, tenant, deletion_id)
+            settings_of(ctx), lambda conn: rejections.legal_hold_refusal(conn, tenant, deletion_id)
         )
         if refusal is not None:
             raise click.ClickException(f"deletion {deletion_id}: {refusal}")

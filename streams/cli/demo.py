@@ -20,12 +20,13 @@ from projections.access import keys, purposes
 from projections.access.proposals import DELETE, PROPOSE
 from projections.admission import store as admission_store
 from projections.admission.policy import parse_document
-from projections.bookkeeping import Conn, rejection_counts
 from projections.conversation import store as conversation_store
 from projections.deadletters.reading import open_letters
 from projections.deadletters.sealing import LetterSealer
 from projections.memory import store as memory_store
+from projections.rejections import rejection_counts
 from projections.shadow import drop_schema
+from projections.sql import Conn
 from streams.cli.common import (
     echo_json,
     settings_of,

@@ -11,9 +11,10 @@ from typing import Any
 
 import click
 
-from projections.bookkeeping import Conn, OutboxMessage
 from projections.deadletters.reading import LetterView, open_letters
 from projections.deadletters.sealing import LetterSealer
+from projections.outbox import OutboxMessage
+from projections.sql import Conn
 from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.cli.demo import read_topic
 from streams.kafka import KafkaPublisher

@@ -11,11 +11,11 @@ import click
 from projections.access import pauses
 from projections.access.pauses import SubjectPaused
 from projections.admission import flags as evidence_flags
-from projections.bookkeeping import Conn
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
 from projections.memory import store
 from projections.memory.store import RecallQuery
+from projections.sql import Conn
 from streams import reads
 from streams.cli.common import echo_json, paused_refusal, settings_of, with_connection
 from streams.reads import Hydrated

@@ -15,10 +15,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from projections.bookkeeping import Conn
 from projections.deletion import audit as ghost_audit
 from projections.deletion import lifecycle as ledger
 from projections.deletion import queries as blocked
+from projections.sql import Conn
 from projections.stores import STORES
 from streams.cli.audit import plaintext
 from streams.cli.common import echo_json, settings_of, talks_to_kafka

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from psycopg import sql
 
-from projections.bookkeeping import Conn
 from projections.migrate import migrate
+from projections.sql import Conn
 from streams.cli.common import echo_json, settings_of, talks_to_kafka, with_connection
 from streams.kafka import create_topics
 from streams.runtime import limit_malloc_arenas, tune_garbage_collection, use_system_arrow_pool

@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from projections.bookkeeping import Conn
 from projections.retention import classes, holds
 from projections.retention import store as schedule_store
 from projections.retention.schedule import TENANT_DEFAULT, ClassReceipt
+from projections.sql import Conn
 from streams.cli.common import echo_json, settings_of, with_connection
 from streams.cli.memory import parse_duration, subject_of, subject_options
 from streams.sample import iso

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from projections.access import pauses
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 from streams.cli.common import echo_json, settings_of, with_migrated
 from streams.cli.memory import subject_of, subject_options
 

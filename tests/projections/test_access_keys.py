@@ -9,7 +9,7 @@ import pytest
 from conftest import Env
 
 from projections.access import keys
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 
 
 def test_a_token_parses_into_its_id_and_secret() -> None:

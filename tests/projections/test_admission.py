@@ -15,10 +15,10 @@ from projections.admission.policy import (
     no_policy,
     parse_document,
 )
-from projections.bookkeeping import KeyLookups
 from projections.memory.projection import MemoryProjection
 from projections.memory.reducer import BatchResult, reduce_batch
 from projections.sealing.keys import KeyStore
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from topics.codec import EventCodec
 from topics.memory import AdmissionStamp, EvidenceStamp, MemoryEvent

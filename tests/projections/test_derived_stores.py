@@ -15,13 +15,13 @@ from typing import Any, TypeVar, cast
 import psycopg
 import pytest
 
-from projections.bookkeeping import Conn
 from projections.cache.entries import holdings_of
 from projections.cache.port import RecallCache
 from projections.cache.store import RedisCache, connect
 from projections.embeddings.vectors import VectorStore
 from projections.sealing.crypto import new_data_key
 from projections.sealing.probes import ProbeSealer
+from projections.sql import Conn
 from projections.stores import STORES
 from projections.stores.base import DerivedStore
 from projections.stores.cache import CacheStore

@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from projections.bookkeeping import KeyLookups
 from projections.deadletters.sealing import LetterSealer, Position
 from projections.sealing.crypto import (
     DEFAULT_MASTER_KEY_ID,
@@ -17,6 +16,7 @@ from projections.sealing.crypto import (
 )
 from projections.sealing.keys import WRAP_FORMAT, KeyStore
 from projections.sealing.probes import ProbeSealer
+from projections.sql import KeyLookups
 
 A, B = b"a" * 32, b"b" * 32
 OLD = MasterKeys((("ka", A),))

@@ -13,7 +13,6 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import (
     Erasure,
     ErasureIndex,
@@ -29,6 +28,7 @@ from projections.sealing.fields import EntityRef
 from projections.sealing.fused import FusedState, SealingProjection
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, keys_needed
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage

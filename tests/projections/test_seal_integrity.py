@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.bookkeeping import KeyLookups
 from projections.sealing.codec import SealedCodec
 from projections.sealing.crypto import (
     Unreadable,
@@ -37,6 +36,7 @@ from projections.sealing.fields import (
 )
 from projections.sealing.keys import KeyStore, wrap_associated
 from projections.sealing.probes import ProbeSealer
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage

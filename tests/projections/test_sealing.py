@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 import pytest
 
-from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import Erasure, ErasureIndex, memory_key
 from projections.memory.reducer import reduce_batch
 from projections.sealing.codec import SealedCodec
@@ -34,6 +33,7 @@ from projections.sealing.fields import (
 )
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState, event_sealing_keys
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from support.new_event_type import annotated, register_annotations, schemas_with_annotations
 from topics.codec import EventCodec, InvalidMessage

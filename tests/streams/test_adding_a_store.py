@@ -17,13 +17,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import Conn, KeyLookups
 from projections.deletion import lifecycle
 from projections.deletion.coverage import keys_of
 from projections.deletion.erasure import ErasureIndex
 from projections.deletion.ledger import LedgerBatch, ResolvedTarget, plan_erasure, reduce_ledger
 from projections.deletion.projection import LedgerCodec, LedgerProjection
 from projections.memory.reducer import reduce_batch
+from projections.sql import Conn, KeyLookups
 from projections.stores import STORES, DerivedStore, Erased, StoreRegistry, StoreResources
 from streams.agents.tombstones import TombstoneHandler
 from streams.deployment.compose import compose_file

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from projections.access import audit
 from projections.access.policy import allowed
-from projections.bookkeeping import KeyLookups
+from projections.sql import KeyLookups
 from streams.kafka import KafkaPublisher
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics

@@ -21,7 +21,7 @@ from conftest import Env, settings_environment
 
 from projections.access.proposals import DELETE, PROPOSE
 from projections.admission import store as admission_store
-from projections.bookkeeping import KeyLookups, load_seen
+from projections.bookkeeping import load_seen
 from projections.conversation import store as conversation_store
 from projections.conversation.context import ContextSettings
 from projections.deletion import guard as erasure_guard
@@ -30,6 +30,7 @@ from projections.distribution import CROSS_TENANT, Placement, citus_sql, placed
 from projections.memory import store as memory_store
 from projections.retention import classes as retention_classes
 from projections.sealing.keys import ever_shredded
+from projections.sql import KeyLookups
 from streams.cli import cli
 from streams.sample import EventFactory
 from streams.settings import Settings

@@ -26,14 +26,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import (
+from projections.embeddings.vectors import VectorStoreMissing
+from projections.outbox import (
     OutboxMessage,
     add_to_outbox,
     publish_outbox_batch,
     publish_pending_outbox,
     remove_pending_messages,
 )
-from projections.embeddings.vectors import VectorStoreMissing
 from streams.cli import cli
 from streams.compaction import (
     MARKER_HEADERS,

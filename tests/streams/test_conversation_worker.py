@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from projections.bookkeeping import KeyLookups
 from projections.conversation import store
 from projections.conversation.context import ContextSettings, build_context
 from projections.conversation.reducer import reduce_batch
 from projections.memory import store as memory_store
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from support.deadletters import open_topic_letters
 from support.ports import free_port

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from projections.bookkeeping import Conn, KeyLookups
 from projections.deadletters.keys import save_keys
 from projections.deadletters.sealing import DEAD_LETTER_RETENTION, LetterSealer, Position
 from projections.sealing.crypto import parse_master_key
+from projections.sql import Conn, KeyLookups
 from streams.cli.dlq import dlq
 from streams.sample import to_message
 from support.deadletters import open_topic_letters

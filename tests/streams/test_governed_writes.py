@@ -19,9 +19,9 @@ from projections.admission import flags as evidence_flags
 from projections.admission import store as admission_store
 from projections.admission.invariants import VersionFacts, violations
 from projections.admission.policy import parse_document
-from projections.bookkeeping import KeyLookups
 from projections.memory import store
 from projections.memory.store import RecallQuery
+from projections.sql import KeyLookups
 from streams import reads
 from streams.cli import cli
 from streams.replay import replay_projection

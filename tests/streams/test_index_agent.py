@@ -17,11 +17,11 @@ from conftest import Env
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn, KeyLookups
 from projections.deletion.guard import lock_tenants
 from projections.embeddings.indexer import MemoryUpdate
 from projections.embeddings.lance import LanceVectorStore
 from projections.sealing.keys import KeyStore
+from projections.sql import Conn, KeyLookups
 from streams.agents.index import EmbeddingsIndexer
 from streams.metrics import Metrics
 from streams.services import make_pool

@@ -27,7 +27,7 @@ from conftest import settings_environment as plaintext_environment
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from projections.bookkeeping import OutboxMessage
+from projections.outbox import OutboxMessage
 from streams.cli import cli
 from streams.failures import FailureKind, classify
 from streams.isolation import CircuitBreaker, Isolation, stage

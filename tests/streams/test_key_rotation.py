@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from conftest import stop_all
 from pydantic import SecretStr
 
-from projections.bookkeeping import KeyLookups
 from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
 from projections.sealing.probes import ProbeSealer
+from projections.sql import KeyLookups
 from streams.cli import cli
 from streams.replay import replay_projection
 from streams.sample import sample_conversation_stream, sample_memory_stream

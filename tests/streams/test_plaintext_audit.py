@@ -21,7 +21,6 @@ from confluent_kafka import Producer
 from redis import Redis
 from redis.asyncio import RedisCluster
 
-from projections.bookkeeping import KeyLookups
 from projections.cache.keys import TenantKeys
 from projections.cache.store import connect as connect_redis
 from projections.embeddings.lance import LanceVectorStore
@@ -29,6 +28,7 @@ from projections.embeddings.vectors import VectorEntry
 from projections.sealing.crypto import new_data_key, parse_master_key
 from projections.sealing.fields import EntityRef, seal, sealing_keys
 from projections.sealing.keys import KeyStore, shred
+from projections.sql import KeyLookups
 from streams.audit.openers import OpenerContext, SealedEventOpener
 from streams.audit.plaintext import (
     Hit,

@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import KeyLookups
 from projections.deletion import guard as erasure_guard
 from projections.memory import store as memory_store
 from projections.memory.projection import MemoryProjection
@@ -24,6 +23,7 @@ from projections.memory.store import RecallQuery
 from projections.sealing.crypto import Unreadable, parse_master_key
 from projections.sealing.fields import Shredded, sealing_keys, unseal
 from projections.sealing.keys import KeyStore
+from projections.sql import KeyLookups
 from streams.cli import cli
 from streams.metrics import Metrics
 from streams.replay import ReplayStopped, replay_projection

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from conftest import settings_environment
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import KeyLookups
 from projections.retention import classes
+from projections.sql import KeyLookups
 from streams.cli import cli
 from streams.metrics import Metrics
 from streams.retention import RetentionScheduler, RetentionSettings

@@ -19,8 +19,10 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import ConcurrentClaim, OutboxMessage, RejectionRow
+from projections.bookkeeping import ConcurrentClaim
 from projections.idempotency import EventKey, ProcessedEvent
+from projections.outbox import OutboxMessage
+from projections.rejections import RejectionRow
 from streams.failures import SystemicFailure
 from streams.isolation import CircuitBreaker, Isolation
 from streams.metrics import Metrics

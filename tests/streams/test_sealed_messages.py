@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from projections.bookkeeping import KeyLookups
 from projections.conversation.published import PublishedMessage, parse_record
 from projections.embeddings.vectors import Match, VectorStore, message_entry_id
 from projections.sealing.crypto import parse_master_key
 from projections.sealing.fields import EntityRef, Shredded
 from projections.sealing.keys import KeyStore
+from projections.sql import KeyLookups
 from streams.replay_embeddings import replay_embeddings
 from streams.sample import EventFactory
 from support.embedders import embedder_of, vectors_of

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 from streams.kafka import admin_config
 from streams.lag import watermarks
 from streams.metrics import Metrics

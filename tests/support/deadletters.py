@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from projections.bookkeeping import Conn
 from projections.deadletters.reading import LetterView, open_letters
 from projections.deadletters.sealing import LetterKey, LetterSealer
 from projections.sealing.crypto import parse_master_key
+from projections.sql import Conn
 from streams.isolation import DeadLetters
 from streams.settings import Settings
 from topics.outputs import DeadLetter

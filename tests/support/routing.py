@@ -29,7 +29,7 @@ from projections.distribution import (
 
 MARKER = re.compile(r"/\*\s*cross-tenant:\s*([\w.-]+)\s*\*/")
 ANCHOR = "<tenant>"
-# The tenant column of a batch's key set (``projections.bookkeeping.KeyLookups`` with several
+# The tenant column of a batch's key set (``projections.sql.KeyLookups`` with several
 # tenants in one statement: one JSON array of keys, ``r->>0 AS tenant_id``) or of
 # ``tenant_id = ANY(<array>)``: several tenants.
 BATCH = "<tenants of a batch>"

@@ -14,11 +14,11 @@ import pydantic_core
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections.bookkeeping import KeyLookups
 from projections.deletion.erasure import NO_ERASURES
 from projections.memory.reducer import reduce_batch
 from projections.sealing.keys import KeyStore
 from projections.sealing.sealer import Sealer, SealingState
+from projections.sql import KeyLookups
 from streams.sample import EventFactory, to_message
 from support.examples import examples
 from topics.codec import EventCodec, InvalidMessage, encode

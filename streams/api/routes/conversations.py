@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 
 from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, check_conversations
-from projections.bookkeeping import Conn
 from projections.conversation import store as conversation_store
+from projections.sql import Conn
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Services
 from streams.api.errors import ApiError, error_responses

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header
 
-from projections import bookkeeping
+from projections import rejections
 from projections.access.proposals import (
     DELETE,
     AcceptedDeletion,
@@ -174,7 +174,7 @@ async def get_deletion(
         refused = (
             None
             if detail
-            else await bookkeeping.legal_hold_refusal(conn, principal.tenant_id, deletion_id)
+            else await rejections.legal_hold_refusal(conn, principal.tenant_id, deletion_id)
         )
     if refused is not None:
         raise ApiError(409, "legal_hold", refused)

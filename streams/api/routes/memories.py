@@ -18,10 +18,10 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from projections.access import audit, pauses
 from projections.access.policy import PurposePolicy, ReadDecision, allowed, memory_filters
-from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
 from projections.memory.evolve import HELD_STATUSES
 from projections.memory.store import RecallQuery
+from projections.sql import Conn
 from streams import reads
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses

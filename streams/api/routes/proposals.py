@@ -36,8 +36,8 @@ from projections.access.proposals import (
     judge_proposal,
     record_proposal,
 )
-from projections.bookkeeping import Conn
 from projections.memory import store as memory_store
+from projections.sql import Conn
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
 from streams.api.services import ApiServices

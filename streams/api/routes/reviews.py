@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query, Request
 from projections.access.policy import PolicyRefusal, PurposePolicy, ReadDecision, allowed
 from projections.access.policy import memory_filters as purpose_filters
 from projections.access.proposals import REVIEW, judge_reviewer
-from projections.bookkeeping import Conn
+from projections.sql import Conn
 from streams.api.auth import CurrentPrincipal, Principal, Services
 from streams.api.errors import ApiError, error_responses
 from streams.api.paths import MemoryIdPath

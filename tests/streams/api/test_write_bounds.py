@@ -9,8 +9,8 @@ import pytest
 
 from projections.access.policy import WriteBounds
 from projections.access.proposals import PROPOSE
-from projections.bookkeeping import KeyLookups
 from projections.memory import store as memory_store
+from projections.sql import KeyLookups
 from streams.sample import EventFactory
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE

@@ -20,7 +20,6 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from projections.bookkeeping import Conn
 from projections.deletion.erasure import (
     EntityKey,
     Erasure,
@@ -30,6 +29,7 @@ from projections.deletion.erasure import (
     subject_key,
 )
 from projections.deletion.purge import DuePurge
+from projections.sql import Conn
 from projections.stores.base import DerivedStore, Erased
 from topics.deletion import DeletionTarget, Tombstone, TombstoneItem
 

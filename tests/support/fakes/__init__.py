@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from projections.bookkeeping import OutboxMessage
+from projections.outbox import OutboxMessage
 from streams.isolation import CircuitBreaker, Isolation
 from streams.kafka import PublishFailed
 from streams.loop import Batch, BatchHandler, BatchLimits, BatchLoop

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
-from projections.bookkeeping import Conn
 from projections.deletion import coverage
 from projections.deletion.coverage import keys_of
 from projections.deletion.erasure import ErasureIndex, ErasureRow, latest_erasures
+from projections.sql import Conn
 from projections.stores.base import CONVERSATION_TARGETS, DerivedStore, Erased, StoreResources
 from projections.stores.tables import ContextStore, SummariesStore
 from topics.deletion import Tombstone
