@@ -22,7 +22,6 @@ import click
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
-from conftest import Env
 
 from streams.api.app import create_app
 from streams.api.services import build_services
@@ -32,6 +31,7 @@ from streams.services import open_vector_store
 from streams.settings import Settings
 from streams.worker import METRICS_PORTS, WORKER_KINDS
 from support.api_server import serving
+from support.environment import Env
 from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]

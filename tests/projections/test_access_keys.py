@@ -6,10 +6,10 @@ import hashlib
 from datetime import UTC, datetime
 
 import pytest
-from conftest import Env
 
 from projections.access import keys
 from projections.sql import Conn
+from support.environment import Env
 
 
 def test_a_token_parses_into_its_id_and_secret() -> None:

@@ -6,7 +6,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import Env
 from prometheus_client import CollectorRegistry
 
 from projections.access import audit
@@ -16,6 +15,7 @@ from streams.kafka import KafkaPublisher
 from streams.maintenance import LedgerMaintenance
 from streams.metrics import Metrics
 from streams.services import make_pool
+from support.environment import Env
 
 pytestmark = pytest.mark.integration
 

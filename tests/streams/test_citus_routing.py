@@ -17,7 +17,6 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import Env, settings_environment
 
 from projections.access.proposals import DELETE, PROPOSE
 from projections.admission import store as admission_store
@@ -36,6 +35,7 @@ from streams.sample import EventFactory
 from streams.settings import Settings
 from support.api_server import serving
 from support.deletion_scenario import ALICE, BOB, recent_factory
+from support.environment import Env, settings_environment
 from support.routing import judge
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 

@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import Env
 
 from projections.access import keys
 from streams.cli import cli
+from support.environment import Env
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 import pytest
-from conftest import REPO
 
 from streams.cli import cli
+from support.environment import REPO
 from support.kafka_users import secure_environment
 
 pytestmark = pytest.mark.integration

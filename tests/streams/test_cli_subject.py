@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner, Result
-from conftest import Env
 
 from projections.access import pauses
 from streams.cli import cli
 from streams.sample import EventFactory
 from support.deletion_scenario import ALICE, BOB, detail
+from support.environment import Env
 from topics.registry import DELETION_REQUESTS
 
 pytestmark = pytest.mark.integration

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import Env
 
 from streams.kafka import DeliveringProducer, PublishFailed
+from support.environment import Env
 from topics.registry import DELETION_REQUESTS, MESSAGE_MAX_BYTES
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from conftest import settings_environment
 
 from streams.cli import cli
 from streams.kafka import admin_config, consumer_config
 from streams.settings import Settings
+from support.environment import settings_environment
 
 pytestmark = pytest.mark.integration
 

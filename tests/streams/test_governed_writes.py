@@ -12,7 +12,6 @@ import orjson
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import settings_environment
 
 from projections import migrate
 from projections.admission import flags as evidence_flags
@@ -27,6 +26,7 @@ from streams.cli import cli
 from streams.replay import replay_projection
 from streams.sample import EventFactory
 from streams.worker import memory_projection
+from support.environment import settings_environment
 from topics.registry import (
     CONVERSATION_EVENTS,
     DELETION_REQUESTS,

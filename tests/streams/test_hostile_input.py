@@ -30,7 +30,6 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
-from conftest import stop_all
 
 from projections import shadow
 from projections.deletion import lifecycle as ledger
@@ -41,6 +40,7 @@ from streams.progress import end_offsets, wait_caught_up
 from streams.settings import Settings
 from streams.worker import CONSUMING_KINDS
 from support.deadletters import open_views
+from support.environment import stop_all
 from support.hostile.corpus import corpus
 from support.hostile.plan import (
     CONSUMERS,

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 import psycopg
 import pytest
-from conftest import Env
 from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
@@ -25,6 +24,7 @@ from projections.sql import Conn, KeyLookups
 from streams.agents.index import EmbeddingsIndexer
 from streams.metrics import Metrics
 from streams.services import make_pool
+from support.environment import Env
 from support.fakes import Publisher
 from support.vector_entries import EMBEDDER, memory
 from topics.registry import TopicNames

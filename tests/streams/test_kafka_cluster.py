@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
-from conftest import REPO, Env, isolated_env
 
 from streams.kafka import admin_config, producer_config
 from streams.progress import end_offsets
 from streams.sample import sample_memory_stream
 from streams.settings import Settings
+from support.environment import REPO, Env, isolated_env
 from topics.registry import ALL_TOPICS, MEMORY_EVENTS
 
 # One process of a session runs this module: its fixture starts the cluster and stops it after.

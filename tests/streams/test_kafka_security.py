@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import REPO, Env, WorkerProcess, child_environment, isolated_env
-from conftest import settings_environment as plaintext_environment
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
@@ -40,6 +38,8 @@ from streams.settings import Settings
 from streams.worker import CONSUMING_KINDS, memory_projection
 from support.deadletters import MemoryLetterKeys, memory_dead_letters
 from support.deletion_scenario import ready, recent_factory, request, seed, wait_verified
+from support.environment import REPO, Env, WorkerProcess, child_environment, isolated_env
+from support.environment import settings_environment as plaintext_environment
 from support.fakes import message
 from support.kafka_users import secure_environment
 from topics.messages import InputMessage

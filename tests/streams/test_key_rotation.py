@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import stop_all
 from pydantic import SecretStr
 
 from projections.sealing.fields import Shredded, sealing_keys, unseal
@@ -24,6 +23,7 @@ from streams.sample import sample_conversation_stream, sample_memory_stream
 from streams.settings import Settings
 from streams.worker import memory_projection
 from support.deletion_scenario import ALICE, recent_factory, request, seed
+from support.environment import stop_all
 from topics.outputs import DeadLetter
 from topics.registry import CONVERSATION_EVENTS, CONVERSATION_SEALED, MEMORY_EVENTS, MEMORY_SEALED
 
@@ -35,7 +35,7 @@ KINDS = ("memory", "conversation", "deletion")
 
 
 def with_keys(settings: Settings, keys: str) -> Settings:
-    # Its settings are the test's own (conftest.isolated_settings): the sample streams'
+    # Its settings are the test's own (support.environment.isolated_settings): the sample streams'
     # expiring memories are not erased mid-test, so that the shredded events counted are the
     # test's erasures alone.
     return settings.model_copy(update={"master_keys": SecretStr(keys)})

@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import Env
 from prometheus_client import CollectorRegistry
 
 from projections.bookkeeping import PostgresTracking
@@ -29,6 +28,7 @@ from streams.sample import EventFactory, RawEvent, to_message
 from streams.services import make_pool
 from streams.worker import memory_projection, probe_sealer, sealer
 from support.deadletters import memory_dead_letters
+from support.environment import Env
 from support.fakes import Publisher
 from topics.messages import InputMessage
 from topics.registry import DELETION_REQUESTS, MEMORY_EVENTS

@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from conftest import Env, stop_all
 
 from streams import logs
 from streams.failures import SystemicFailure, error_code, loggable
@@ -24,6 +23,7 @@ from streams.sample import EventFactory
 from streams.worker import CONSUMING_KINDS
 from support.deadletters import open_topic_letters
 from support.deletion_scenario import wait_verified
+from support.environment import Env, stop_all
 from topics.outputs import DeadLetterReason
 from topics.registry import DELETION_REQUESTS, MEMORY_EVENTS
 

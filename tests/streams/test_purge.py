@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import settings_environment
 
 from projections.deletion.purge import (
     MEMORY_CURRENT_PLACE,
@@ -25,6 +24,7 @@ from projections.stores import STORES
 from streams.cli import cli
 from streams.sample import EventFactory
 from support.deletion_scenario import audit, compact_quickly, detail, wait_indexed
+from support.environment import settings_environment
 from topics.registry import (
     CONVERSATION_EVENTS,
     DELETION_REQUESTS,

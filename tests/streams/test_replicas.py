@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Env, isolated_env, stop_all
 
 from projections.embeddings.vectors import Match
 from projections.shadow import SPECS
@@ -25,6 +24,7 @@ from projections.stores import STORES
 from streams.sample import EventFactory
 from streams.settings import Settings
 from support.deletion_scenario import recent_factory, vectors
+from support.environment import Env, isolated_env, stop_all
 from support.ports import free_port
 from support.probes import metric_sample, metric_total, probe
 from topics.registry import (

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import settings_environment
 from prometheus_client import CollectorRegistry
 
 from projections.retention import classes
@@ -20,6 +19,7 @@ from streams.metrics import Metrics
 from streams.retention import RetentionScheduler, RetentionSettings
 from streams.services import make_pool
 from support.deletion_scenario import audit, recent_factory, wait_verified
+from support.environment import settings_environment
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import Env
 
 from projections.embeddings.vectors import Match
 from projections.memory import store as memory_store
@@ -18,6 +17,7 @@ from projections.memory.store import RecallQuery
 from streams import reads
 from streams.sample import EventFactory
 from support.embedders import embedder_of, vectors_of
+from support.environment import Env
 from topics.registry import MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 import httpx
 import psycopg
-from conftest import REPO, Env, child_environment, settings_environment
 
 from projections.access import keys, purposes
 from projections.access.policy import WriteBounds
@@ -29,6 +28,7 @@ from streams.api.app import create_app, http_server
 from streams.api.services import ApiServices
 from streams.settings import Settings
 from support.embedders import vectors_of
+from support.environment import REPO, Env, child_environment, settings_environment
 from support.ports import free_port
 from topics.registry import CONVERSATION_EVENTS, MEMORY_EVENTS
 

@@ -15,7 +15,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigResource,
     ResourceType,
 )
-from conftest import settings_environment
 
 from projections.cache.store import RedisCache
 from projections.cache.store import connect as connect_redis
@@ -29,6 +28,7 @@ from streams.kafka import admin_config
 from streams.sample import EventFactory
 from streams.services import StoreSupplies, make_pool
 from support.embedders import embedder_of, vectors_of
+from support.environment import settings_environment
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_CURRENT, MEMORY_EVENTS
 
 ALICE = ("user", "alice")

@@ -18,9 +18,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ScramMechanism,
     UserScramCredentialDeletion,
 )
-from conftest import REPO
 
 from streams.kafka import admin_config
+from support.environment import REPO
 
 # The stack's script, imported as ops/stack runs it: from its own directory.
 sys.path.insert(0, str(REPO / "ops" / "kafka"))

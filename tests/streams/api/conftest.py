@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import Env, isolated_env
 
 from streams.sample import EventFactory
 from streams.settings import Settings
 from support.api_server import READ_WORKERS, ApiServer, serving
+from support.environment import Env, isolated_env
 
 
 @pytest.fixture(scope="package")

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import Env
 
 from projections.access.proposals import DELETE, PROPOSE
 from streams.progress import end_offsets
 from streams.sample import EventFactory
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE, BOB
+from support.environment import Env
 from topics.registry import DELETION_REQUESTS, MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import REPO, Env, settings_environment
 
 from streams.cli.demo import DEMO_PURPOSE, curl_lines
 from streams.sample import EventFactory
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE, BOB
+from support.environment import REPO, Env, settings_environment
 from topics.registry import MEMORY_EVENTS
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,6 @@ from typing import Any
 import hypothesis
 import pytest
 import schemathesis
-from conftest import Env
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -34,6 +33,7 @@ from schemathesis.specs.openapi.checks import (
 from projections.access.proposals import DELETE, PROPOSE
 from streams.cli.serve import OPENAPI_DOCUMENT
 from support.api_server import ApiServer, serving
+from support.environment import Env
 
 pytestmark = pytest.mark.integration
 

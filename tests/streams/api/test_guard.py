@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import Env
 
 from projections.memory import store as memory_store
 from streams.sample import EventFactory
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE
+from support.environment import Env
 from topics.registry import DELETION_REQUESTS
 
 pytestmark = pytest.mark.integration

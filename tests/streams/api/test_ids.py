@@ -13,7 +13,6 @@ import httpx
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import Env, isolated_env, settings_environment
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,7 @@ from streams.cli import cli
 from streams.sample import EventFactory
 from streams.settings import Settings
 from support.api_server import ApiServer, serving
+from support.environment import Env, isolated_env, settings_environment
 from topics.api.paths import encode_segment
 from topics.envelope import IDENTIFIER_MAX_LENGTH
 from topics.registry import CONVERSATION_EVENTS, DELETION_REQUESTS, MEMORY_EVENTS

@@ -8,10 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Env
 
 from streams.settings import Settings
 from support.api_server import ApiServer
+from support.environment import Env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from conftest import Env
 from pydantic import SecretStr
 
 from projections.access.proposals import PROPOSE
@@ -23,6 +22,7 @@ from streams.services import open_vector_store
 from streams.settings import Settings
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE
+from support.environment import Env
 from support.kafka_users import scram_user, secure_environment
 
 

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
-from conftest import Env, settings_environment
 
 from projections.access.proposals import DELETE
 from projections.retention import holds
@@ -16,6 +15,7 @@ from streams.api.routes.retention import ADMIN
 from streams.cli import cli
 from support.api_server import ApiServer
 from support.deletion_scenario import ALICE
+from support.environment import Env, settings_environment
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import Env
 
 from projections.embeddings.embedder import Embedder
 from streams.api.services import build_services
 from support.api_server import serving_in_process
 from support.embedders import embedder_of, vectors_of
+from support.environment import Env
 
 pytestmark = pytest.mark.integration
 
