@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,13 +33,12 @@ from confluent_kafka import KafkaError, Message, Producer
 from projections import shadow
 from projections.deletion import lifecycle as ledger
 from projections.memory import store
-from projections.migrate import migrate
-from streams.kafka import create_topics, delete_topics, producer_config
+from streams.kafka import producer_config
 from streams.progress import end_offsets, wait_caught_up
 from streams.settings import Settings
 from streams.worker import CONSUMING_KINDS
 from support.deadletters import open_views
-from support.environment import stop_all
+from support.environment import Env, isolated_env, stop_all
 from support.hostile.corpus import corpus
 from support.hostile.plan import (
     CONSUMERS,
@@ -54,7 +52,6 @@ from support.hostile.plan import (
 from support.hostile.small_corpora import bursts, oversized_letters
 from topics.outputs import ORIGINAL_MAX_BYTES, DeadLetter
 from topics.registry import (
-    ALL_TOPICS,
     CONVERSATION_EVENTS,
     CONVERSATION_MESSAGES,
     CONVERSATION_SEALED,
@@ -113,40 +110,12 @@ class Problems:
 
 
 @pytest.fixture
-def twin(stack: Settings, env: Any, tmp_path: Path) -> Iterator[Any]:
+def twin(stack: Settings, tmp_path: Path) -> Iterator[Env]:
     """A second isolated slice of the stack (topics, groups, schema), for the valid stream
-    alone; built like ``env`` (tests/conftest.py)."""
-    name = uuid.uuid4().hex[:10]
-    schema = f"t_{name}"
-    dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
-    dsn += f"options=-csearch_path%3D{schema}"
-    settings = env.settings.model_copy(
-        update={
-            "topic_prefix": f"{name}.",
-            "group_prefix": f"memproj-{name}",
-            "postgres_dsn": dsn,
-            "data_dir": tmp_path / "twin" / "data",
-            "cache_namespace": f"memproj-{name}",
-        }
-    )
+    alone."""
     (tmp_path / "twin").mkdir()
-    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS, settings.topic_replication)
-
-    async def migrated() -> None:
-        async with await psycopg.AsyncConnection.connect(settings.postgres_dsn) as conn:
-            await migrate(conn)
-
-    asyncio.run(migrated())
-    twin_env = type(env)(settings, schema, tmp_path / "twin")
-    try:
+    with isolated_env(stack, tmp_path / "twin") as twin_env:
         yield twin_env
-    finally:
-        stop_all(twin_env.workers)
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        delete_topics(stack.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
 
 
 def logs(env: Any, lines: int = 30) -> str:

@@ -291,10 +291,14 @@ class Env:
 NO_EXPIRY_ERASURE = 100 * 365 * 24 * 3600.0
 
 
+def on_schema(dsn: str, schema: str) -> str:
+    """``dsn`` (a URL) whose sessions make and find their tables in ``schema``."""
+    return dsn + ("&" if "?" in dsn else "?") + f"options=-csearch_path%3D{schema}"
+
+
 def isolated_settings(stack: Settings, name: str, data_dir: Path) -> tuple[Settings, str]:
     schema = f"t_{name}"
-    dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
-    dsn += f"options=-csearch_path%3D{schema}"
+    dsn = on_schema(stack.postgres_dsn, schema)
     settings = stack.model_copy(
         update={
             "topic_prefix": f"{name}.",

@@ -20,6 +20,7 @@ from projections.embeddings.postgres import Pool, open_pool
 from projections.embeddings.vectors import VectorEntry, memory_entry_id, message_entry_id
 from projections.migrate import migrate
 from streams.settings import Settings
+from support.environment import on_schema
 
 EMBEDDER = HashingEmbedder()
 T0 = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -96,8 +97,7 @@ def postgres_vectors(stack: Settings) -> Iterator[Pool]:
     """A pool on a schema of its own, migrated (the vector tables only: no Kafka), dropped
     afterwards."""
     schema = f"t_vectors_{uuid.uuid4().hex[:10]}"
-    dsn = stack.postgres_dsn + ("&" if "?" in stack.postgres_dsn else "?")
-    dsn += f"options=-csearch_path%3D{schema}"
+    dsn = on_schema(stack.postgres_dsn, schema)
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
