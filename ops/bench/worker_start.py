@@ -9,8 +9,8 @@ tests' fork server (tests/support/worker_processes.py), in alternating rounds of
 Per start: the worker's CPU until its /readyz answers 200 (its start-up: imports, clients,
 consumer group join) and in its first ``--seconds`` (start-up plus idle polling), and the wall
 time until it is ready. The first forked start, which also starts the fork server (one import
-of memproj per test process), is reported apart. Each worker has topics and consumer groups of
-its own in the stack.
+of memproj per test process), is reported apart. Each worker has an environment of its own in
+the stack (``environment.isolated``: topics, schema, consumer groups, data directory).
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cpu_time import REPO, cpu_seconds  # ops/bench/cpu_time.py, beside this script
-from environment import print_and_save, stack_settings
-
-from streams.kafka import create_topics, delete_topics
-from topics.registry import ALL_TOPICS
+from environment import drop, isolated, prepare, print_and_save, stack_settings
 
 sys.path.insert(0, str(REPO / "tests"))
 from support.ports import free_port  # the tests' support, on the path above
@@ -70,14 +67,12 @@ def one_start(
     base = stack_settings()
     name = uuid.uuid4().hex[:8]
     port = free_port()
-    settings = base.model_copy(
-        update={"topic_prefix": f"bench-start-{name}.", "group_prefix": f"bench-start-{name}"}
-    )
-    create_topics(settings.kafka_bootstrap, settings.topics, ALL_TOPICS, settings.topic_replication)
-    environment = dict(os.environ) | settings.as_environment()
-    environment["MEMPROJ_METRICS_PORT"] = str(port)
+    environment = isolated(base, "start", name)
+    prepare(base, environment)
+    variables = dict(os.environ) | environment.settings.as_environment()
+    variables["MEMPROJ_METRICS_PORT"] = str(port)
     began = time.monotonic()
-    worker = how(["worker", kind], environment, tmp / f"{name}.log")
+    worker = how(["worker", kind], variables, tmp / f"{name}.log")
     try:
         while not ready(port):
             if time.monotonic() - began > 120:
@@ -90,7 +85,7 @@ def one_start(
     finally:
         worker.terminate()
         worker.wait(30)
-        delete_topics(settings.kafka_bootstrap, [settings.topics.name(s) for s in ALL_TOPICS])
+        drop(base, [environment], [])
     return {"ready_s": ready_after, "cpu_until_ready_s": cpu_ready, "cpu_window_s": cpu_window}
 
 
